@@ -1,0 +1,45 @@
+# Every target builds the environment it needs first (.venv, pinned torch, the suite itself).
+PYTHON ?= python3
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+STAMP  := $(VENV)/.installed
+METHOD ?= clip
+DATA   ?= synthetic
+TRAINER ?= cpu
+SEEDS  ?= 0 1 2
+ARGS   ?=
+
+.PHONY: setup train eval leaderboard compare test bench clean
+
+setup: $(STAMP)
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+train: $(STAMP)
+	$(PY) -m experiments.train method=$(METHOD) data=$(DATA) trainer=$(TRAINER) $(ARGS)
+
+eval: $(STAMP)
+	@test -n "$(CKPT)" || { echo "usage: make eval CKPT=runs/.../checkpoints/last.ckpt [ARGS=...]"; exit 2; }
+	$(PY) -m experiments.evaluate ckpt=$(CKPT) $(ARGS)
+
+leaderboard: $(STAMP)
+	$(PY) -m experiments.leaderboard --runs runs --out .
+
+compare: $(STAMP)
+	$(PY) -m experiments.compare --seeds $(SEEDS) --data $(DATA) $(ARGS)
+	$(PY) -m experiments.leaderboard --runs runs --out .
+
+test: $(STAMP)
+	$(PY) -m pytest -q -n 2
+
+bench: $(STAMP)
+	$(PY) benchmarks/bench_metrics.py
+	$(PY) benchmarks/bench_throughput.py
+
+clean:
+	rm -rf $(VENV) .pytest_cache

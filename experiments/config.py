@@ -1,0 +1,79 @@
+"""Compose a run's configuration: base + method + data + trainer + command-line overrides.
+
+Selectors (``method=ccrk data=multi30k trainer=gpu``) pick YAML files under ``configs/``; every
+other ``key=value`` overrides a key that must already exist (struct mode), so a typo fails naming
+the key instead of being silently ignored.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Sequence
+
+from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+
+CONFIG_DIR = Path(__file__).resolve().parent / "configs"
+GROUPS = {"method": "clip", "data": "synthetic", "trainer": "cpu"}
+
+
+class ConfigError(ValueError):
+    """A one-line, user-facing configuration problem."""
+
+
+def available(group: str) -> list[str]:
+    """Names of the YAML presets of one group (``method``, ``data`` or ``trainer``)."""
+    return sorted(p.stem for p in (CONFIG_DIR / group).glob("*.yaml"))
+
+
+def _load_group(group: str, name: str) -> DictConfig:
+    path = CONFIG_DIR / group / f"{name}.yaml"
+    if not path.exists():
+        raise ConfigError(f"unknown {group} '{name}'; available: {', '.join(available(group))}")
+    return OmegaConf.load(path)
+
+
+def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, str], list[str]]:
+    """Separate group selectors (``method=ccrk``) from dotted key overrides."""
+    selectors = dict(GROUPS)
+    rest = []
+    for item in overrides:
+        key, sep, value = item.partition("=")
+        if not sep:
+            raise ConfigError(f"override '{item}' is not of the form key=value")
+        if key in GROUPS:
+            selectors[key] = value
+        else:
+            rest.append(item)
+    return selectors, rest
+
+
+def compose(overrides: Sequence[str] = ()) -> DictConfig:
+    """The resolved run configuration for these command-line overrides."""
+    selectors, rest = split_overrides(overrides)
+    cfg = OmegaConf.load(CONFIG_DIR / "base.yaml")
+    for group, name in selectors.items():
+        cfg[group] = _load_group(group, name)
+    cfg.preset = selectors
+    return apply_overrides(cfg, rest)
+
+
+def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
+    """Merge ``key=value`` overrides into ``cfg`` in struct mode; unknown keys are errors."""
+    OmegaConf.set_struct(cfg, True)
+    try:
+        merged = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
+    except (ConfigKeyError, ConfigAttributeError) as err:
+        key = getattr(err, "full_key", None) or str(err).splitlines()[0]
+        parent = key.rsplit(".", 1)[0] if "." in key else None
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        known = ", ".join(sorted(node.keys())) if isinstance(node, DictConfig) else ""
+        raise ConfigError(f"unknown config key '{key}'" + (f"; keys here: {known}" if known else "")) from None
+    OmegaConf.resolve(merged)
+    return merged
+
+
+def method_label(cfg: DictConfig) -> str:
+    """The leaderboard name of the method: its preset, plus the variant when one is set."""
+    label = cfg.preset.method
+    return f"{label}+{cfg.variant}" if cfg.get("variant") else label

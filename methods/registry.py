@@ -1,0 +1,31 @@
+"""Name -> method class registry, so configs and the CLI pick a method by its name."""
+
+from __future__ import annotations
+
+_METHODS: dict[str, type] = {}
+
+
+def register(name: str):
+    """Class decorator: make ``cls`` available as ``methods.get(name)``."""
+
+    def decorate(cls: type) -> type:
+        if name in _METHODS and _METHODS[name] is not cls:
+            raise ValueError(f"method name {name!r} is already registered by {_METHODS[name].__name__}")
+        _METHODS[name] = cls
+        cls.method_name = name
+        return cls
+
+    return decorate
+
+
+def get(name: str) -> type:
+    """The class registered under ``name``; an unknown name raises KeyError listing the known ones."""
+    try:
+        return _METHODS[name]
+    except KeyError:
+        raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(names())}") from None
+
+
+def names() -> list[str]:
+    """Registered method names, sorted."""
+    return sorted(_METHODS)

@@ -1,0 +1,46 @@
+"""Config composition: presets by name, struct-mode overrides, one-line errors."""
+
+import pytest
+
+from experiments.config import ConfigError, available, compose, method_label
+
+
+def test_defaults_compose_every_group():
+    cfg = compose([])
+    assert cfg.preset == {"method": "clip", "data": "synthetic", "trainer": "cpu"}
+    assert cfg.method.name == "clip"
+    assert cfg.trainer.accelerator == "cpu"
+    assert cfg.data.name == "synthetic"
+
+
+def test_overrides_change_nested_keys_and_types():
+    cfg = compose(["optim.lr=5e-4", "seed=3", "trainer.max_steps=7", "data.languages=[en,de]"])
+    assert cfg.optim.lr == pytest.approx(5e-4)
+    assert cfg.seed == 3 and cfg.trainer.max_steps == 7
+    assert list(cfg.data.languages) == ["en", "de"]
+
+
+def test_typo_in_key_is_an_error_naming_it():
+    with pytest.raises(ConfigError, match=r"unknown config key 'optim\.lrr'.*lr"):
+        compose(["optim.lrr=1"])
+
+
+def test_unknown_preset_lists_the_available_ones():
+    with pytest.raises(ConfigError, match="unknown method 'nope'; available: .*clip"):
+        compose(["method=nope"])
+
+
+def test_override_without_equals_sign_is_rejected():
+    with pytest.raises(ConfigError, match="key=value"):
+        compose(["seed"])
+
+
+def test_every_trainer_preset_composes():
+    for name in available("trainer"):
+        cfg = compose([f"trainer={name}"])
+        assert cfg.trainer.max_steps > 0
+
+
+def test_method_label_includes_variant():
+    assert method_label(compose([])) == "clip"
+    assert method_label(compose(["variant=no-warmup"])) == "clip+no-warmup"
