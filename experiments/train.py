@@ -74,6 +74,7 @@ def train(cfg: DictConfig) -> Path:
     throughput = Throughput()
     previous: Path | None = None
     steps = 0
+    resumed_from = None
     for stage in stages:
         folder = checkpoint_dir(run_dir, stages, stage)
         module = stage.build(previous)
@@ -83,8 +84,10 @@ def train(cfg: DictConfig) -> Path:
             previous = done
             continue
         trainer = build_trainer(cfg, run_dir, folder, stage.max_steps, callbacks=[throughput])
-        trainer.fit(module, datamodule=StageData(data, stage),
-                    ckpt_path=resume_checkpoint(folder, cfg.ckpt_path))
+        resume = resume_checkpoint(folder, cfg.ckpt_path)
+        if resume is not None and resumed_from is None:
+            resumed_from = torch.load(resume, map_location="cpu", weights_only=False)["global_step"]
+        trainer.fit(module, datamodule=StageData(data, stage), ckpt_path=resume)
         trainer.save_checkpoint(done)
         steps += trainer.global_step
         previous = done
@@ -97,6 +100,7 @@ def train(cfg: DictConfig) -> Path:
             wall_time_s=round(time.perf_counter() - started, 1),
             train_samples_per_s=round(throughput.samples_per_second, 1),
             train_steps=steps,
+            resumed_from_step=resumed_from,
         )
         print(f"metrics: {run_dir / 'metrics.json'}  mR={module.last_report['mR']:.2f}")
     return run_dir

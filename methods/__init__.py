@@ -1,9 +1,35 @@
 """Retrieval methods (LightningModules) and the building blocks they share.
 
-Importing a method module registers it; add one import line here per new method.
+Method modules register themselves when imported. They are imported on the first ``get``/``names``
+call, so the building blocks (encoders, losses, ...) import without Lightning and stay light, e.g.
+in spawned worker processes. Add one entry to ``METHOD_MODULES`` per new method.
 """
 
-from methods.registry import get, names, register
-from methods import clip  # noqa: F401  (registers "clip")
+from __future__ import annotations
 
-__all__ = ["get", "names", "register"]
+from importlib import import_module
+
+from methods import registry
+from methods.registry import register
+
+METHOD_MODULES = ("methods.clip",)
+
+
+def _import_methods() -> None:
+    for module in METHOD_MODULES:
+        import_module(module)
+
+
+def get(name: str) -> type:
+    """The method class registered as ``name``; an unknown name raises KeyError listing them."""
+    _import_methods()
+    return registry.get(name)
+
+
+def names() -> list[str]:
+    """Every registered method name, sorted."""
+    _import_methods()
+    return registry.names()
+
+
+__all__ = ["METHOD_MODULES", "get", "names", "register"]

@@ -24,6 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from methods.distributed import gather_with_grad, rank
+
 WEIGHTINGS = ("paper", "reference")
 
 
@@ -90,10 +92,10 @@ def one_to_k_terms(
     languages = text_all.size(0) // total_b
     query_instances = torch.arange(local_b, device=image_query.device) + first_instance
 
-    i2t_logits = image_query @ text_all.t() / temperature
+    i2t_logits = (image_query @ text_all.t()).float() / temperature
     i2t = one_to_k_i2t(i2t_logits, positive_mask(query_instances, total_b, languages), present_all)
 
-    t2i_logits = text_query @ image_all.t() / temperature
+    t2i_logits = (text_query @ image_all.t()).float() / temperature
     text_owner = query_instances.repeat_interleave(languages)
     if present_query is not None:
         t2i_logits, text_owner = t2i_logits[present_query], text_owner[present_query]
@@ -104,3 +106,21 @@ def one_to_k_terms(
     else:
         total = 0.5 * i2t + 0.5 * t2i / languages
     return OneToKTerms(i2t=i2t, t2i=t2i, total=total)
+
+
+def one_to_k_loss(
+    image_feat: Tensor,
+    text_feat: Tensor,
+    temperature: Tensor | float,
+    present: Tensor | None = None,
+    weighting: str = "paper",
+) -> OneToKTerms:
+    """1-to-K loss over the global batch: gathers [B, D] images and their [B*K, D] caption blocks from
+    every process in rank order (image-major order and positives stay aligned), then the local loss."""
+    image_all, text_all = gather_with_grad(image_feat), gather_with_grad(text_feat)
+    present_all = None if present is None else gather_with_grad(present.to(torch.uint8)).bool()
+    return one_to_k_terms(
+        image_feat, text_feat, image_all, text_all, temperature,
+        first_instance=rank() * image_feat.size(0), present_query=present, present_all=present_all,
+        weighting=weighting,
+    )

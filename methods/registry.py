@@ -10,7 +10,9 @@ def register(name: str):
 
     def decorate(cls: type) -> type:
         if name in _METHODS and _METHODS[name] is not cls:
-            raise ValueError(f"method name {name!r} is already registered by {_METHODS[name].__name__}")
+            raise ValueError(
+                f"method name {name!r} is already registered by {_METHODS[name].__name__}"
+            )
         _METHODS[name] = cls
         cls.method_name = name
         return cls
@@ -19,11 +21,13 @@ def register(name: str):
 
 
 def get(name: str) -> type:
-    """The class registered under ``name``; an unknown name raises KeyError listing the known ones."""
+    """The class registered as ``name``; an unknown name raises KeyError listing the known ones."""
     try:
         return _METHODS[name]
     except KeyError:
-        raise KeyError(f"unknown method {name!r}; registered methods: {', '.join(names())}") from None
+        raise KeyError(
+            f"unknown method {name!r}; registered methods: {', '.join(names())}"
+        ) from None
 
 
 def names() -> list[str]:

@@ -1,0 +1,22 @@
+"""Retrieval metrics of CCR Suite: one chunked rank engine and everything derived from ranks."""
+
+from metrics import ranks
+from metrics.classes import (
+    MeanNDCG,
+    MeanRank,
+    MeanRankVariance,
+    MeanReciprocalRank,
+    MedianRank,
+    RecallAtK,
+)
+from metrics.functional import mean_rank_variance
+from metrics.graded import graded_ndcg
+from metrics.ranks import best_positive_rank, paired_ranks, rank_and_ndcg
+from metrics.report import retrieval_report
+from metrics.reranking import Reranker
+
+__all__ = [
+    "MeanNDCG", "MeanRank", "MeanRankVariance", "MeanReciprocalRank", "MedianRank", "RecallAtK",
+    "Reranker", "best_positive_rank", "graded_ndcg", "mean_rank_variance", "paired_ranks",
+    "rank_and_ndcg", "ranks", "retrieval_report",
+]

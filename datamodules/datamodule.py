@@ -1,0 +1,313 @@
+"""``CCRDataModule``: any configured dataset (a reader's, or the synthetic world) as training
+batches, evaluation views and parallel text, with the tokenizer and ``DataInfo`` methods need.
+
+The ``data`` config node (experiments/configs/data/*.yaml) names the dataset, where it lives,
+which of its splits play train/val/test, the languages, and loader/tokenizer settings.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import DictConfig, OmegaConf
+from torch.utils.data import DataLoader
+
+from . import synthetic
+from .datasets import (
+    CaptionCollate,
+    CaptionDataset,
+    ImageDataset,
+    ImageTransform,
+    ParallelBatches,
+    ParallelCollate,
+    TrainCollate,
+    TrainDataset,
+    collate_images,
+)
+from .readers import read_dataset
+from .records import Record
+from .tokenization import OFFLINE, Tokenizer, build_tokenizer
+from .validation import validate
+
+SYNTHETIC = "synthetic"
+
+
+@dataclass
+class DataInfo:
+    """What a method needs to know about the data to build itself."""
+
+    languages: list[str]
+    vocab_size: int
+    pad_token_id: int
+    cls_token_id: int
+    eos_token_id: int
+    mask_token_id: int
+    max_length: int
+    image_size: int
+    num_objects: int
+
+
+@dataclass
+class EvalView:
+    """Unique images and every caption (with its image index and language) of one split."""
+
+    image_ids: list[str]
+    caption_image: torch.Tensor
+    caption_language: list[str]
+    languages: list[str]
+    relevance: torch.Tensor | None
+    image_paths: list[Path] = field(repr=False)
+    captions: list[str] = field(repr=False)
+    transform: ImageTransform = field(repr=False)
+    tokenizer: Tokenizer = field(repr=False)
+    max_length: int = field(repr=False)
+    num_workers: int = field(repr=False)
+
+    def image_loader(self, batch_size: int) -> DataLoader:
+        """Batches ``{"images": [b,3,H,W], "index": [b]}`` in order."""
+        return self._loader(
+            ImageDataset(self.image_paths, self.transform), batch_size, collate_images
+        )
+
+    def caption_loader(self, batch_size: int) -> DataLoader:
+        """Batches ``{"input_ids", "attention_mask": [b,L], "index": [b]}`` in order."""
+        collate = CaptionCollate(self.tokenizer, self.max_length)
+        return self._loader(CaptionDataset(self.captions), batch_size, collate)
+
+    def _loader(self, dataset, batch_size: int, collate) -> DataLoader:
+        return DataLoader(
+            dataset,
+            batch_size=batch_size,
+            shuffle=False,
+            num_workers=self.num_workers,
+            collate_fn=collate,
+        )
+
+
+class CCRDataModule(L.LightningDataModule):
+    """Records -> validated splits -> batches. ``seed`` drives caption sampling choices made here
+    (parallel-batch grouping); the synthetic world has its own ``synthetic.seed``."""
+
+    def __init__(self, cfg: DictConfig, seed: int = 0):
+        super().__init__()
+        self.cfg = cfg
+        self.seed = seed
+        self.languages = [str(lang) for lang in cfg.languages]
+        self._records: dict[str, list[Record]] = {}
+        self._views: dict[str, EvalView] = {}
+        self._tokenizer: Tokenizer | None = None
+        self._info: DataInfo | None = None
+        self._labels: dict[str, int] = {}
+
+    # ---- where the data is --------------------------------------------------------------------
+    @property
+    def is_synthetic(self) -> bool:
+        return self.cfg.name == SYNTHETIC
+
+    def _world_knobs(self) -> synthetic.WorldKnobs:
+        return synthetic.WorldKnobs.from_config(
+            OmegaConf.to_container(self.cfg.synthetic, resolve=True)
+        )
+
+    @property
+    def image_root(self) -> Path:
+        """Folder that ``Record.image`` paths are relative to."""
+        if self.is_synthetic:
+            return synthetic.world_dir(self.cfg.root, self._world_knobs()) / "images"
+        return Path(self.cfg.image_root or self.cfg.root)
+
+    def records(self, role: str) -> list[Record]:
+        """Validated records of the split playing ``role`` (train / val / test), read once."""
+        if role not in self._records:
+            split = self.cfg.splits.get(role)
+            if split is None:
+                raise ValueError(
+                    f"data '{self.cfg.name}' has no {role} split (data.splits.{role} is null)"
+                )
+            if self.is_synthetic:
+                raw = synthetic.load_split(
+                    synthetic.build_world(self.cfg.root, self._world_knobs()), split
+                )
+            else:
+                raw = read_dataset(self.cfg.name, self.cfg.root, split)
+            kept, report = validate(
+                raw,
+                languages=self.languages,
+                source=f"{self.cfg.name}/{split}",
+                image_root=self.image_root,
+                on_missing_image=self.cfg.on_missing_image,
+            )
+            rank_zero_info(report.summary())
+            self._records[role] = kept
+        return self._records[role]
+
+    # ---- Lightning hooks ----------------------------------------------------------------------
+    def prepare_data(self) -> None:
+        """Generate the synthetic world and train the offline tokenizer once (cached on disk)."""
+        if self.is_synthetic:
+            synthetic.build_world(self.cfg.root, self._world_knobs())
+        if self.cfg.tokenizer.name == OFFLINE:
+            self._build_tokenizer()
+
+    def setup(self, stage: str | None = None) -> None:
+        """Build the tokenizer, read the train split (its object labels) and fill ``info``; the
+        val / test splits are read when their loaders are first asked for."""
+        if self._info is not None:
+            return
+        tokenizer = self._build_tokenizer()
+        train = self.records("train") if self.cfg.splits.get("train") is not None else []
+        labels = sorted({label for record in train for label in record.extras.get("objects", [])})
+        self._labels = {label: i for i, label in enumerate(labels)}
+        self._info = DataInfo(
+            languages=list(self.languages),
+            vocab_size=tokenizer.vocab_size,
+            pad_token_id=tokenizer.pad_token_id,
+            cls_token_id=tokenizer.cls_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            mask_token_id=tokenizer.mask_token_id,
+            max_length=int(self.cfg.max_length),
+            image_size=int(self.cfg.image_size),
+            num_objects=len(labels),
+        )
+
+    def _build_tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None:
+            corpus = None
+            if self.cfg.tokenizer.name == OFFLINE:
+                corpus = [
+                    t
+                    for r in self.records("train")
+                    for lang in self.languages
+                    for t in r.captions.get(lang, [])
+                ]
+            self._tokenizer = build_tokenizer(
+                self.cfg.tokenizer, corpus=corpus, cache_dir=self.cfg.cache_dir
+            )
+        return self._tokenizer
+
+    @property
+    def info(self) -> DataInfo:
+        if self._info is None:
+            raise RuntimeError("CCRDataModule.info is available after setup()")
+        return self._info
+
+    @property
+    def tokenizer(self) -> Tokenizer:
+        if self._info is None:
+            raise RuntimeError("CCRDataModule.tokenizer is available after setup()")
+        return self._build_tokenizer()
+
+    # ---- loaders ------------------------------------------------------------------------------
+    def _transform(self) -> ImageTransform:
+        return ImageTransform(int(self.cfg.image_size), self.cfg.image_mean, self.cfg.image_std)
+
+    def _check_languages(self, languages: list[str]) -> None:
+        unknown = [lang for lang in languages if lang not in self.languages]
+        if unknown or not languages:
+            raise ValueError(
+                f"languages {unknown or '[]'} not configured; configured languages: {self.languages}"
+            )
+
+    def train_dataloader(self, languages: list[str] | None = None) -> DataLoader:
+        """Shuffled training batches with K = len(languages) captions per instance (default: all
+        configured languages). Records with none of the requested languages are left out."""
+        languages = list(languages) if languages is not None else self.languages
+        self._check_languages(languages)
+        records = [
+            r for r in self.records("train") if any(lang in r.captions for lang in languages)
+        ]
+        if len(records) < len(self.records("train")):
+            dropped = len(self.records("train")) - len(records)
+            rank_zero_info(
+                f"train: {dropped} of {len(self.records('train'))} records have no caption in "
+                f"{languages} and are left out"
+            )
+        dataset = TrainDataset(records, languages, self.image_root, self._transform(), self._labels)
+        with_alignment = any("alignment" in r.extras for r in records)
+        collate = TrainCollate(
+            self.tokenizer, self.info.max_length, languages, len(self._labels), with_alignment
+        )
+        return DataLoader(
+            dataset,
+            batch_size=int(self.cfg.batch_size),
+            shuffle=True,
+            drop_last=True,
+            num_workers=int(self.cfg.num_workers),
+            persistent_workers=int(self.cfg.num_workers) > 0,
+            collate_fn=collate,
+        )
+
+    def eval_view(self, role: str) -> EvalView:
+        """The evaluation view of the val or test split (built once)."""
+        if role not in self._views:
+            records = self.records(role)
+            languages = [
+                lang for lang in self.languages if any(lang in r.captions for r in records)
+            ]
+            captions, caption_image, caption_language = [], [], []
+            for lang in languages:
+                for index, record in enumerate(records):
+                    for text in record.captions.get(lang, []):
+                        captions.append(text)
+                        caption_image.append(index)
+                        caption_language.append(lang)
+            relevance = None
+            if records and all("scene" in r.extras for r in records):
+                relevance = synthetic.relevance_matrix(
+                    [synthetic.Scene.from_json(r.extras["scene"]) for r in records]
+                )
+            self._views[role] = EvalView(
+                image_ids=[r.id for r in records],
+                caption_image=torch.tensor(caption_image, dtype=torch.long),
+                caption_language=caption_language,
+                languages=languages,
+                relevance=relevance,
+                image_paths=[self.image_root / r.image for r in records],
+                captions=captions,
+                transform=self._transform(),
+                tokenizer=self.tokenizer,
+                max_length=self.info.max_length,
+                num_workers=int(self.cfg.num_workers),
+            )
+        return self._views[role]
+
+    def val_dataloader(self) -> list[DataLoader]:
+        view = self.eval_view("val")
+        return [
+            view.image_loader(int(self.cfg.eval_batch_size)),
+            view.caption_loader(int(self.cfg.eval_batch_size)),
+        ]
+
+    def test_dataloader(self) -> list[DataLoader]:
+        view = self.eval_view("test")
+        return [
+            view.image_loader(int(self.cfg.eval_batch_size)),
+            view.caption_loader(int(self.cfg.eval_batch_size)),
+        ]
+
+    def parallel_dataloader(self, pairs: list[tuple[str, str]] | None = None) -> DataLoader:
+        """Text-only caption pairs of training instances (weakly aligned ones excluded), one
+        language pair per batch. Default pairs: English to and from every other configured
+        language, or every ordered pair when English is not configured."""
+        if pairs is None:
+            others = [lang for lang in self.languages if lang != "en"]
+            if "en" in self.languages:
+                pairs = [p for lang in others for p in (("en", lang), (lang, "en"))]
+            else:
+                pairs = [(a, b) for a in self.languages for b in self.languages if a != b]
+        self._check_languages([lang for pair in pairs for lang in pair])
+        records = [r for r in self.records("train") if r.extras.get("alignment") != "weak"]
+        dataset = ParallelBatches.from_records(
+            records, list(pairs), int(self.cfg.batch_size), self.seed
+        )
+        return DataLoader(
+            dataset,
+            batch_size=None,
+            shuffle=True,
+            num_workers=int(self.cfg.num_workers),
+            collate_fn=ParallelCollate(self.tokenizer, self.info.max_length),
+        )

@@ -1,0 +1,217 @@
+"""Torch datasets and collate functions that turn records into the batches of docs/interfaces.md.
+
+Datasets return plain Python items; collate functions tokenize a whole batch at once (faster than
+per item) and build the tensors. Everything here is picklable, so it runs in worker processes.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+import torch
+from PIL import Image
+from torch.utils.data import Dataset
+
+from .records import Record
+from .tokenization import Tokenizer
+
+
+class ImageTransform:
+    """Open an image file, resize it to ``size``x``size`` (bicubic) and normalise per channel."""
+
+    def __init__(self, size: int, mean: Sequence[float], std: Sequence[float]):
+        self.size = size
+        self.mean = torch.tensor(list(mean), dtype=torch.float32).view(3, 1, 1)
+        self.std = torch.tensor(list(std), dtype=torch.float32).view(3, 1, 1)
+
+    def __call__(self, path: Path) -> torch.Tensor:
+        with Image.open(path) as image:
+            image = image.convert("RGB")
+            if image.size != (self.size, self.size):
+                image = image.resize((self.size, self.size), Image.Resampling.BICUBIC)
+            pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
+        return (pixels.permute(2, 0, 1).float() / 255.0 - self.mean) / self.std
+
+
+class TrainDataset(Dataset):
+    """One item per record: its image and one random caption per language (None where absent)."""
+
+    def __init__(
+        self,
+        records: list[Record],
+        languages: list[str],
+        image_root: Path,
+        transform: ImageTransform,
+        label_index: dict[str, int],
+    ):
+        self.records, self.languages = records, languages
+        self.image_root, self.transform, self.label_index = image_root, transform, label_index
+
+    def __len__(self) -> int:
+        return len(self.records)
+
+    def __getitem__(self, index: int) -> dict:
+        record = self.records[index]
+        texts = []
+        for lang in self.languages:
+            options = record.captions.get(lang) or []
+            # torch's RNG: seeded per worker by Lightning, so caption choice is reproducible
+            texts.append(options[int(torch.randint(len(options), ()))] if options else None)
+        return {
+            "image": self.transform(self.image_root / record.image),
+            "texts": texts,
+            "id": record.id,
+            "objects": [
+                self.label_index[o]
+                for o in record.extras.get("objects", [])
+                if o in self.label_index
+            ],
+            "weak": record.extras.get("alignment") == "weak",
+        }
+
+
+class TrainCollate:
+    """Stack a training batch: ``input_ids``/``attention_mask`` [B,K,L], ``present`` [B,K], plus
+    ``objects`` (multi-hot) and ``alignment_weak`` when the data has them."""
+
+    def __init__(
+        self,
+        tokenizer: Tokenizer,
+        max_length: int,
+        languages: list[str],
+        num_labels: int,
+        with_alignment: bool,
+    ):
+        self.tokenizer, self.max_length, self.languages = tokenizer, max_length, languages
+        self.num_labels, self.with_alignment = num_labels, with_alignment
+
+    def __call__(self, items: list[dict]) -> dict:
+        batch_size, k = len(items), len(self.languages)
+        texts = [text for item in items for text in item["texts"]]
+        present = torch.tensor([text is not None for text in texts]).view(batch_size, k)
+        tokens = self.tokenizer([text or "" for text in texts], self.max_length)
+        input_ids = tokens["input_ids"].view(batch_size, k, -1)
+        attention_mask = tokens["attention_mask"].view(batch_size, k, -1)
+        input_ids = input_ids.masked_fill(~present[..., None], self.tokenizer.pad_token_id)
+        attention_mask = attention_mask.masked_fill(~present[..., None], 0)
+        batch = {
+            "images": torch.stack([item["image"] for item in items]),
+            "input_ids": input_ids,
+            "attention_mask": attention_mask,
+            "present": present,
+            "languages": list(self.languages),
+            "ids": [item["id"] for item in items],
+        }
+        if self.num_labels:
+            objects = torch.zeros(batch_size, self.num_labels, dtype=torch.long)
+            for row, item in enumerate(items):
+                objects[row, item["objects"]] = 1
+            batch["objects"] = objects
+        if self.with_alignment:
+            batch["alignment_weak"] = torch.tensor(
+                [item["weak"] for item in items], dtype=torch.bool
+            )
+        return batch
+
+
+class ImageDataset(Dataset):
+    """Unique images of an evaluation view, each with its index."""
+
+    def __init__(self, paths: list[Path], transform: ImageTransform):
+        self.paths, self.transform = paths, transform
+
+    def __len__(self) -> int:
+        return len(self.paths)
+
+    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
+        return self.transform(self.paths[index]), index
+
+
+def collate_images(items: list[tuple[torch.Tensor, int]]) -> dict:
+    return {
+        "images": torch.stack([image for image, _ in items]),
+        "index": torch.tensor([i for _, i in items]),
+    }
+
+
+class CaptionDataset(Dataset):
+    """Every caption of an evaluation view, each with its index."""
+
+    def __init__(self, texts: list[str]):
+        self.texts = texts
+
+    def __len__(self) -> int:
+        return len(self.texts)
+
+    def __getitem__(self, index: int) -> tuple[str, int]:
+        return self.texts[index], index
+
+
+class CaptionCollate:
+    def __init__(self, tokenizer: Tokenizer, max_length: int):
+        self.tokenizer, self.max_length = tokenizer, max_length
+
+    def __call__(self, items: list[tuple[str, int]]) -> dict:
+        tokens = self.tokenizer([text for text, _ in items], self.max_length)
+        return {**tokens, "index": torch.tensor([i for _, i in items])}
+
+
+class ParallelBatches(Dataset):
+    """Text-only caption pairs, already grouped into batches of one language pair each.
+
+    Each item is a whole batch, so a (distributed) sampler shuffles batches, not pairs, and every
+    batch keeps a single (source, target) language pair.
+    """
+
+    def __init__(self, batches: list[tuple[str, str, list[tuple[str, str]]]]):
+        self.batches = batches
+
+    @classmethod
+    def from_records(
+        cls, records: list[Record], pairs: list[tuple[str, str]], batch_size: int, seed: int
+    ) -> ParallelBatches:
+        """Pair caption i of language a with caption i of language b for every record that has
+        both (a translation in parallel data); shuffle with ``seed`` and cut into full batches
+        (a pair with fewer than ``batch_size`` captions gives one smaller batch)."""
+        rng = random.Random(seed)
+        batches = []
+        for src, tgt in pairs:
+            texts = [
+                (s, t)
+                for record in records
+                if src in record.captions and tgt in record.captions
+                for s, t in zip(record.captions[src], record.captions[tgt])
+            ]
+            rng.shuffle(texts)
+            full = max(len(texts) // batch_size, 1 if texts else 0)
+            batches += [
+                (src, tgt, texts[i * batch_size : (i + 1) * batch_size]) for i in range(full)
+            ]
+        return cls(batches)
+
+    def __len__(self) -> int:
+        return len(self.batches)
+
+    def __getitem__(self, index: int) -> tuple[str, str, list[tuple[str, str]]]:
+        return self.batches[index]
+
+
+class ParallelCollate:
+    def __init__(self, tokenizer: Tokenizer, max_length: int):
+        self.tokenizer, self.max_length = tokenizer, max_length
+
+    def __call__(self, batch: tuple[str, str, list[tuple[str, str]]]) -> dict:
+        src_language, tgt_language, texts = batch
+        src = self.tokenizer([s for s, _ in texts], self.max_length)
+        tgt = self.tokenizer([t for _, t in texts], self.max_length)
+        return {
+            "src_input_ids": src["input_ids"],
+            "src_attention_mask": src["attention_mask"],
+            "tgt_input_ids": tgt["input_ids"],
+            "tgt_attention_mask": tgt["attention_mask"],
+            "src_language": src_language,
+            "tgt_language": tgt_language,
+        }

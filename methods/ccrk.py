@@ -1,0 +1,237 @@
+"""``ccrk``: 1-to-K contrastive pre-training for cross-lingual cross-modal retrieval (KDD 2024).
+
+Each image is trained together with its captions in all K languages (spec docs: ``docs/ccrk.md``,
+full spec ``shared/specs/ccrk.md``). Per step, in the paper's order:
+
+1. **KCL** (§3.1): the 1-to-K contrastive loss over the (global) batch — image→text with soft target
+   1/K over all B·K captions, text→image InfoNCE over the B images.
+2. **Hard sampling** (§3.2): without gradient, from the same features, one hard positive caption
+   per image (the language the image matches worst is likeliest) plus a hard negative caption and a
+   hard negative image.
+3. **MITM** (§3.3): image–text matching on the fusion encoder's [CLS] over the 3B pairs.
+4. **CMLM** (§3.4): masked LM on the hard positive caption, fused with its image.
+5. **Total** (Eq. 6): the plain sum of the terms.
+
+Retrieval ranks by the dual-encoder cosine; with ``evaluation.rerank_k > 0`` each query's top-k is
+re-scored by the fusion encoder and ITM head (§5).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from torch import Tensor
+
+from methods.base import RetrievalModule
+from methods.contrastive import LearnableTemperature
+from methods.encoders import ImageEncoder, TextEncoder, keep_layers
+from methods.fusion import FusionEncoder
+from methods.fusion_init import fusion_from_hf_layers
+from methods.hard_sampling import HardSamples, draw_positive_text, matching_loss, sample_hard_examples
+from methods.heads import ITMHead, MLMHead, ProjectionHead
+from methods.masking import IGNORE_INDEX, mask_tokens
+from methods.one_to_k import one_to_k_loss
+from methods.registry import register
+
+CONTRASTIVE = ("one_to_k", "one_to_one")
+RERANK_SCORES = ("prob", "logit")
+
+
+def build_text_and_fusion(method: Any, data: Any, image_dim: int) -> tuple[TextEncoder, FusionEncoder]:
+    """The multilingual text encoder and the fusion encoder (text attends to image).
+
+    With ``fusion.init_from_text_layers`` (the paper: XLM-R-large layers 13, 15, ..., 23) the fusion
+    layers are seeded from those layers of the loaded HF model before the text encoder keeps only
+    ``text_encoder.layers`` (1, 3, ..., 11); otherwise the fusion encoder starts random.
+    """
+    text_cfg = OmegaConf.to_container(OmegaConf.create(method.text_encoder), resolve=True)
+    seed_layers = method.fusion.init_from_text_layers
+    if seed_layers is None:
+        text = TextEncoder.from_config(text_cfg, data)
+        return text, FusionEncoder(text.out_dim, image_dim, layers=method.fusion.layers, heads=method.fusion.heads)
+    if len(seed_layers) != method.fusion.layers:
+        raise ValueError(f"method.fusion: init_from_text_layers has {len(seed_layers)} layers but "
+                         f"fusion.layers is {method.fusion.layers}")
+    keep = text_cfg.pop("layers", None)
+    text = TextEncoder.from_config(text_cfg, data)
+    hf_model = getattr(text.backbone, "model", None)
+    if hf_model is None:
+        raise ValueError("method.fusion.init_from_text_layers needs an 'hf:' text encoder")
+    hf_config = hf_model.config
+    fusion = fusion_from_hf_layers([hf_model.encoder.layer[i] for i in seed_layers], text.out_dim, image_dim,
+                                   heads=method.fusion.heads,
+                                   mlp_ratio=hf_config.intermediate_size / hf_config.hidden_size)
+    if keep is not None:
+        keep_layers(hf_model, keep)
+    return text, fusion
+
+
+def trim_padding(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Drop the trailing columns that are padding in every row (right-padded captions): the
+    encoders mask padding, so the real tokens' states are unchanged and the step is cheaper."""
+    length = max(int(attention_mask.sum(1).max()), 1)
+    return input_ids[:, :length], attention_mask[:, :length]
+
+
+@register("ccrk")
+class CCRk(RetrievalModule):
+    """Image encoder, multilingual text encoder, fusion encoder, projection / ITM / MLM heads, τ."""
+
+    def __init__(self, method, optim, data, evaluation):
+        super().__init__(method, optim, data, evaluation)
+        method, data = self.method_cfg, self.data_info  # normalised by the base (checkpoints store dicts)
+        for key, allowed in (("contrastive", CONTRASTIVE), ("rerank_score", RERANK_SCORES)):
+            if method[key] not in allowed:
+                raise ValueError(f"method.{key}: expected one of {allowed}, got {method[key]!r}")
+        self.image_encoder = ImageEncoder.from_config(method.image_encoder, data)
+        self.text_encoder, self.fusion = build_text_and_fusion(method, data, self.image_encoder.out_dim)
+        width = self.text_encoder.out_dim
+        self.vision_proj = ProjectionHead(self.image_encoder.out_dim, method.embed_dim)
+        self.text_proj = ProjectionHead(width, method.embed_dim)
+        self.itm_head = ITMHead(width)
+        embeddings = self.text_encoder.input_embeddings()
+        self.mlm_head = MLMHead(width, embeddings.num_embeddings,
+                                tie_to=embeddings if method.mlm.tie_to_embeddings else None)
+        self.temperature = LearnableTemperature(**method.temperature)
+        self.special_token_ids = (data.pad_token_id, data.cls_token_id, data.eos_token_id, data.mask_token_id)
+
+    # ---- dual encoder (retrieval embeddings) ---------------------------------------------------
+
+    def encode_images(self, images: Tensor) -> Tensor:
+        return self.vision_proj(self.image_encoder(images)[:, 0])
+
+    def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.text_proj(self.text_encoder(input_ids, attention_mask).pooled)
+
+    def fuse(self, text_states: Tensor, text_mask: Tensor, image_states: Tensor) -> Tensor:
+        """Fusion encoder: caption token states attend to all image tokens."""
+        return self.fusion(text_states, text_mask, image_states)
+
+    # ---- training --------------------------------------------------------------------------------
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        self.clamp_temperature()
+        images = batch["images"]
+        batch_size, languages, length = batch["input_ids"].shape
+        input_ids, attention_mask = trim_padding(  # image-major rows j*K + k
+            batch["input_ids"].reshape(batch_size * languages, length),
+            batch["attention_mask"].reshape(batch_size * languages, length))
+        present = batch["present"].reshape(-1).bool()
+
+        image_states = self.image_encoder(images)
+        text = self.text_encoder(input_ids, attention_mask)
+        image_feat, text_feat = self.vision_proj(image_states[:, 0]), self.text_proj(text.pooled)
+        temperature = self.temperature()
+
+        losses = {"kcl": self.contrastive_loss(image_feat, text_feat, temperature, present)}
+        samples = sample_hard_examples(image_feat, text_feat, temperature, self.method_cfg.hard_mining, present)
+        losses["mitm"] = self.matching_loss(text.states, text.mask, image_states, image_feat, text_feat,
+                                            temperature, present, samples)
+        losses["cmlm"] = self.masked_lm_loss(input_ids, attention_mask, image_states, present, samples)
+        total = sum(losses.values())  # Eq. 6: unweighted sum
+
+        self.log_dict({f"train/{name}": value.detach() for name, value in losses.items()}, batch_size=batch_size)
+        self.log("train/temperature", temperature.detach(), batch_size=batch_size)
+        self.log("train/absent_captions", float((~present).sum()), batch_size=batch_size)
+        return total
+
+    def contrastive_loss(self, image_feat: Tensor, text_feat: Tensor, temperature: Tensor, present: Tensor) -> Tensor:
+        """KCL over all K captions, or (w/o KCL) 1-to-1 InfoNCE on one uniformly drawn language."""
+        cfg = self.method_cfg
+        if cfg.contrastive == "one_to_one":
+            rows = draw_positive_text(present.view(len(image_feat), -1).float())
+            terms = one_to_k_loss(image_feat, text_feat[rows], temperature, weighting=cfg.kcl_weighting)
+        else:
+            terms = one_to_k_loss(image_feat, text_feat, temperature, present, weighting=cfg.kcl_weighting)
+        self.log_dict({"train/kcl_i2t": terms.i2t.detach(), "train/kcl_t2i": terms.t2i.detach()},
+                      batch_size=len(image_feat))
+        return terms.total
+
+    def matching_loss(self, text_states: Tensor, text_mask: Tensor, image_states: Tensor, image_feat: Tensor,
+                      text_feat: Tensor, temperature: Tensor, present: Tensor, samples: HardSamples) -> Tensor:
+        """MITM on the hard samples, or (w/o H-MITM) on uniformly drawn positives and negatives."""
+        if not self.method_cfg.hard_mitm:
+            samples = sample_hard_examples(image_feat, text_feat, temperature, "uniform", present)
+        return matching_loss(self.fuse, self.itm_head, text_states, text_mask, image_states, samples).loss
+
+    def masked_lm_loss(self, input_ids: Tensor, attention_mask: Tensor, image_states: Tensor, present: Tensor,
+                       samples: HardSamples) -> Tensor:
+        """CMLM: mask the hard positive caption (or, w/o H-CMLM, a uniformly drawn language), re-encode
+        it, fuse it with its image and predict the original tokens at the masked positions."""
+        if self.method_cfg.hard_cmlm:
+            rows = samples.positive_text
+        else:
+            rows = draw_positive_text(present.view(len(image_states), -1).float())
+        masked = mask_tokens(input_ids[rows], attention_mask[rows], self.data_info.mask_token_id,
+                             self.mlm_head.decoder.out_features, self.special_token_ids,
+                             self.method_cfg.mlm.mask_probability)
+        text = self.text_encoder(masked.input_ids, attention_mask[rows])
+        fused = self.fuse(text.states, text.mask, image_states)
+        selected = masked.labels != IGNORE_INDEX
+        logits = self.mlm_head(fused[selected])
+        return F.cross_entropy(logits.float(), masked.labels[selected])
+
+    @torch.no_grad()
+    def clamp_temperature(self) -> None:
+        """Clamp τ in place to its bounds before each step ([ref]), so it can always move back."""
+        temperature = self.temperature
+        temperature.log_tau.clamp_(math.log(temperature.min_value), math.log(temperature.max_value))
+
+    def lr_scales(self) -> dict[str, float]:
+        """Newly initialised parts (cross-attention, projections, ITM head, τ) train at
+        ``new_param_lr_scale`` × lr ([ref]: 2× when the encoders are pretrained)."""
+        scale = self.method_cfg.new_param_lr_scale
+        prefixes = ["vision_proj", "text_proj", "itm_head", "temperature"]
+        prefixes += [f"fusion.layers.{i}.{part}" for i in range(len(self.fusion.layers))
+                     for part in ("cross_attn", "norm_cross")]
+        return {prefix: scale for prefix in prefixes}
+
+    # ---- evaluation: ITM re-ranking --------------------------------------------------------------
+
+    def image_cache(self, images: Tensor) -> Tensor:
+        """Image token states, the keys/values the fusion encoder attends to."""
+        return self.image_encoder(images)
+
+    def text_cache(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Tensor]:
+        """Token ids and masks; the few re-ranked captions are re-encoded on demand."""
+        return {"input_ids": input_ids, "attention_mask": attention_mask}
+
+    def reranker(self, image_emb_cache: Tensor, text_cache: Mapping[str, Tensor]) -> "MatchingReranker":
+        return MatchingReranker(self, image_emb_cache, text_cache["input_ids"], text_cache["attention_mask"])
+
+    @torch.no_grad()
+    def match_scores(self, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """ITM score of each (image, caption) pair: the match probability, or its logit ([ref])."""
+        text = self.text_encoder(input_ids, attention_mask)
+        logits = self.itm_head(self.fuse(text.states, text.mask, image_states)[:, 0]).float()
+        return logits.softmax(1)[:, 1] if self.method_cfg.rerank_score == "prob" else logits[:, 1]
+
+
+class MatchingReranker:
+    """The ``metrics.Reranker`` of CCRk: re-scores top-k candidates with the fusion encoder + ITM head."""
+
+    def __init__(self, module: CCRk, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor):
+        self.module, self.image_states = module, image_states
+        self.input_ids, self.attention_mask = input_ids, attention_mask
+
+    @torch.no_grad()
+    def __call__(self, direction: str, query_index: Tensor, candidate_index: Tensor) -> Tensor:
+        """Scores [q, k]; indices are global image indices and caption indices of the evaluated set."""
+        if direction not in ("i2t", "t2i"):
+            raise ValueError(f"reranker direction must be 'i2t' or 't2i', got {direction!r}")
+        queries = query_index[:, None].expand_as(candidate_index)
+        images, captions = (queries, candidate_index) if direction == "i2t" else (candidate_index, queries)
+        images, captions = images.reshape(-1), captions.reshape(-1)
+        chunk = self.module.method_cfg.rerank_batch_size
+        device = self.image_states.device
+        scores = [
+            self.module.match_scores(self.image_states[images[start:start + chunk].to(device)],
+                                     self.input_ids[captions[start:start + chunk].to(device)],
+                                     self.attention_mask[captions[start:start + chunk].to(device)])
+            for start in range(0, len(images), chunk)
+        ]
+        return torch.cat(scores).view(candidate_index.shape).to(candidate_index.device)

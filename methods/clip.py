@@ -1,0 +1,62 @@
+"""``clip``: the 1-to-1 symmetric InfoNCE baseline every method is compared against.
+
+Per step, each image is paired with the caption of ONE of its languages, drawn uniformly among
+the languages it has; the loss is symmetric InfoNCE over the (global) batch with a learnable
+temperature.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from methods.base import RetrievalModule
+from methods.contrastive import LearnableTemperature, info_nce
+from methods.encoders import ImageEncoder, TextEncoder
+from methods.heads import ProjectionHead
+from methods.registry import register
+
+
+def sample_one_language(present: Tensor) -> Tensor:
+    """For every instance (row of ``present [B, K]``), the index of one present language drawn
+    uniformly at random. An instance without any caption is an error."""
+    empty = (~present.bool()).all(dim=1)
+    if empty.any():
+        raise ValueError(
+            f"batch rows {empty.nonzero().flatten().tolist()} have no caption in any language"
+        )
+    return torch.multinomial(present.float(), 1).squeeze(1)
+
+
+@register("clip")
+class CLIPModule(RetrievalModule):
+    """Image and text encoders, one projection each into ``embed_dim``, learnable temperature."""
+
+    def __init__(self, method, optim, data, evaluation):
+        super().__init__(method, optim, data, evaluation)
+        method, data = self.method_cfg, self.data_info
+        self.image_encoder = ImageEncoder.from_config(method.image_encoder, data)
+        self.text_encoder = TextEncoder.from_config(method.text_encoder, data)
+        self.image_proj = ProjectionHead(self.image_encoder.out_dim, method.embed_dim)
+        self.text_proj = ProjectionHead(self.text_encoder.out_dim, method.embed_dim)
+        self.temperature = LearnableTemperature(**method.temperature)
+
+    def encode_images(self, images: Tensor) -> Tensor:
+        return self.image_proj(self.image_encoder(images)[:, 0])
+
+    def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.text_proj(self.text_encoder(input_ids, attention_mask).pooled)
+
+    def contrastive_loss(self, batch: dict) -> Tensor:
+        """Symmetric InfoNCE between every image and its caption in one random present language."""
+        rows = torch.arange(len(batch["present"]), device=batch["present"].device)
+        language = sample_one_language(batch["present"])
+        text_emb = self.encode_texts(
+            batch["input_ids"][rows, language], batch["attention_mask"][rows, language]
+        )
+        return info_nce(self.encode_images(batch["images"]), text_emb, self.temperature())
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        loss = self.contrastive_loss(batch)
+        self.log("train/temperature", self.temperature().detach(), batch_size=len(batch["present"]))
+        return loss

@@ -1,0 +1,311 @@
+"""``mclip``: mCLIP (ACL 2023), triangle cross-modal knowledge distillation from a frozen English
+CLIP into a frozen multilingual text encoder (MTE) through two small trainable projectors.
+
+A pipeline of up to four resumable stages (``method.stages``), each built from the previous one's
+checkpoint so that a stage needs nothing but that file:
+
+* ``teacher``: the suite's ``clip`` baseline trained on English captions only. Without this stage
+  the teacher is an open_clip model by name and pretrained tag or local checkpoint.
+* ``mte_nmt`` (Stage 1a) and ``mte_ctl`` (Stage 1b): the MTE enhanced on parallel text
+  (:class:`methods.translation.MTEEnhancement`); the teacher is carried along unchanged.
+* ``trikd`` (Stage 2, always last): :class:`MCLIP`, which trains only the shared CLIP-projector,
+  the X-projector and the ITC temperature, and is the module evaluated.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import partial
+from pathlib import Path
+from typing import Any, Mapping
+
+import lightning as L
+import torch
+import torch.nn.functional as F
+from omegaconf import OmegaConf
+from timm.optim import Lamb
+from torch import Tensor, nn
+from torch.optim.lr_scheduler import LambdaLR
+
+import methods
+from methods.base import RetrievalModule, Stage
+from methods.distillation import fixed_ttc_temperature, freeze, trikd_loss
+from methods.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip
+from methods.optim import param_groups
+from methods.registry import register
+from methods.translation import (MTEEnhancement, TranslationDecoder, clip_gradient_norm,
+                                 inverse_sqrt_factor)
+
+STAGES = ("teacher", "mte_nmt", "mte_ctl", "trikd")
+ENGLISH = "en"
+INITIAL_LR = 1e-7  # where every warm-up starts (spec §6)
+
+
+class PostNormEncoderLayer(nn.Module):
+    """A RoBERTa-style (post-LN, GELU) Transformer encoder layer with its own attention dropout."""
+
+    def __init__(self, dim: int, heads: int, ffn: int, dropout: float, attn_dropout: float):
+        super().__init__()
+        self.attention = nn.MultiheadAttention(dim, heads, dropout=attn_dropout, batch_first=True)
+        self.attention_norm = nn.LayerNorm(dim)
+        self.feed_forward = nn.Sequential(nn.Linear(dim, ffn), nn.GELU(), nn.Linear(ffn, dim))
+        self.output_norm = nn.LayerNorm(dim)
+        self.dropout = nn.Dropout(dropout)
+
+    def forward(self, x: Tensor, padding: Tensor) -> Tensor:
+        attended, _ = self.attention(x, x, x, key_padding_mask=padding, need_weights=False)
+        x = self.attention_norm(x + self.dropout(attended))
+        return self.output_norm(x + self.dropout(self.feed_forward(x)))
+
+
+class XProjector(nn.Module):
+    """Randomly initialised Transformer layers over the MTE's token states (no extra positions),
+    read at each sentence's last non-pad token (``</s>`` under right padding)."""
+
+    def __init__(self, dim: int, layers: int, heads: int, ffn: int, dropout: float,
+                 attn_dropout: float):
+        super().__init__()
+        self.layers = nn.ModuleList(PostNormEncoderLayer(dim, heads, ffn, dropout, attn_dropout)
+                                    for _ in range(layers))
+        for module in self.modules():
+            if isinstance(module, nn.Linear):
+                nn.init.normal_(module.weight, std=0.02)
+                nn.init.zeros_(module.bias)
+        for layer in self.layers:
+            nn.init.normal_(layer.attention.in_proj_weight, std=0.02)
+            nn.init.zeros_(layer.attention.in_proj_bias)
+
+    def forward(self, states: Tensor, mask: Tensor) -> Tensor:
+        padding = ~mask.bool()
+        for layer in self.layers:
+            states = layer(states, padding)
+        last = mask.long().sum(1) - 1
+        return states[torch.arange(len(states), device=states.device), last]
+
+
+class OpenClipTeacher(nn.Module):
+    """An open_clip CLIP model as the frozen English teacher: ``encode_images``/``encode_texts``
+    give its joint embeddings. Captions arrive as MTE token ids, so they are decoded with the MTE's
+    Hugging Face tokenizer and re-tokenised with CLIP's own BPE (shipped with open_clip)."""
+
+    def __init__(self, model: str, pretrained: Any, mte_tokenizer: str,
+                 config: Mapping[str, Any] | None = None):
+        super().__init__()
+        import open_clip
+        from transformers import AutoTokenizer
+
+        clip = build_open_clip(model, pretrained, config, {})
+        self.image = OpenClipVisionTokens(clip, project=True)
+        self.text = OpenClipText(clip, project=True)
+        self.embed_dim = self.text.width
+        context = self.text.positional_embedding.shape[0]
+        self.clip_tokenizer = open_clip.tokenizer.SimpleTokenizer(context_length=context)
+        self.mte_tokenizer = AutoTokenizer.from_pretrained(mte_tokenizer)
+
+    def encode_images(self, images: Tensor) -> Tensor:
+        return self.image(images)[:, 0]
+
+    def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        texts = self.mte_tokenizer.batch_decode(input_ids, skip_special_tokens=True)
+        tokens = self.clip_tokenizer(texts).to(input_ids.device)
+        return self.text(tokens, tokens != 0)[1]
+
+
+class ClipBaselineTeacher(nn.Module):
+    """The suite's ``clip`` baseline (trained by the ``teacher`` stage) as the frozen teacher.
+    Its embeddings are L2-normalised, which the bias-free CLIP-projector is blind to."""
+
+    def __init__(self, method, optim, data, evaluation):
+        super().__init__()
+        self.model = methods.get("clip")(method.teacher.clip, optim, data, evaluation)
+        self.embed_dim = method.teacher.clip.embed_dim
+
+    def encode_images(self, images: Tensor) -> Tensor:
+        return self.model.encode_images(images)
+
+    def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        return self.model.encode_texts(input_ids, attention_mask)
+
+
+def selected_stages(method) -> list[str]:
+    """``method.stages`` checked: known names, in pipeline order, ending with ``trikd``."""
+    stages = list(method.stages)
+    unknown = [s for s in stages if s not in STAGES]
+    if unknown or not stages or stages[-1] != "trikd" or stages != sorted(stages, key=STAGES.index) \
+            or len(set(stages)) != len(stages):
+        raise ValueError(f"method.stages {stages}: expected an ordered subset of {list(STAGES)} "
+                         "ending with 'trikd'")
+    return stages
+
+
+def build_teacher(method, optim, data, evaluation) -> nn.Module:
+    """The teacher's architecture: the ``clip`` baseline when a ``teacher`` stage trains it,
+    otherwise the configured open_clip model with its pretrained weights."""
+    if "teacher" in selected_stages(method):
+        return ClipBaselineTeacher(method, optim, data, evaluation)
+    cfg = method.teacher.open_clip
+    config = OmegaConf.to_container(cfg.config) if cfg.config is not None else None
+    return OpenClipTeacher(cfg.model, cfg.pretrained, cfg.mte_tokenizer, config)
+
+
+def build_mte(method, data) -> TextEncoder:
+    """The multilingual text encoder: an XLM-R by name or path, or one built from an in-code config
+    whose vocabulary, pad id and position table follow the data's tokenizer where left null."""
+    cfg = OmegaConf.to_container(method.mte)
+    config = cfg.get("config")
+    if config is not None:
+        config.setdefault("model_type", "xlm-roberta")
+        defaults = {"vocab_size": data.vocab_size, "pad_token_id": data.pad_token_id,
+                    "bos_token_id": data.cls_token_id, "eos_token_id": data.eos_token_id,
+                    "max_position_embeddings": data.max_length + data.pad_token_id + 1}
+        config.update({k: v for k, v in defaults.items() if config.get(k) is None})
+    return TextEncoder(**cfg)
+
+
+def build_mte_stage(method, optim, data, evaluation, joint: bool) -> MTEEnhancement:
+    """A Stage-1 module (1a or 1b) with freshly built parts."""
+    t = method.translation
+    mte = build_mte(method, data)
+    decoder = TranslationDecoder(list(data.languages), mte.out_dim, t.layers, t.heads, t.ffn,
+                                 t.dropout)
+    teacher = (ClipBaselineTeacher(method, optim, data, evaluation)
+               if "teacher" in selected_stages(method) else None)
+    settings = {**OmegaConf.to_container(t.ctl if joint else t.nmt),
+                "label_smoothing": t.label_smoothing, "ctl_weight": t.ctl_weight,
+                "ctl_temperature": t.ctl_temperature, "grad_clip": method.grad_clip,
+                "initial_lr": INITIAL_LR}
+    return MTEEnhancement(mte, decoder, settings, joint, data.pad_token_id, teacher)
+
+
+def load_state(path: Path) -> dict[str, Tensor]:
+    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+
+
+def load_prefixed(module: nn.Module, state: Mapping[str, Tensor], prefix: str) -> None:
+    """Load the entries of ``state`` under ``prefix`` into ``module`` (all of them, strictly)."""
+    module.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+
+
+@register("mclip")
+class MCLIP(RetrievalModule):
+    """The TriKD stage and the evaluated model: image = norm(Wc·teacher_image), text (any language)
+    = norm(XProjector(MTE states) at </s>). The teacher and the MTE are frozen and stay in eval()."""
+
+    def __init__(self, method, optim, data, evaluation):
+        super().__init__(method, optim, data, evaluation)
+        cfg = method.trikd
+        self.teacher = freeze(build_teacher(method, optim, data, evaluation))
+        self.mte = freeze(build_mte(method, data))
+        dim = self.mte.out_dim
+        self.clip_projector = nn.Linear(self.teacher.embed_dim, dim, bias=False)
+        nn.init.xavier_uniform_(self.clip_projector.weight)
+        self.x_projector = XProjector(dim, cfg.projector_layers, cfg.heads, cfg.ffn, cfg.dropout,
+                                      cfg.attn_dropout)
+        self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / cfg.init_temperature)))
+        self.ttc_temperature = fixed_ttc_temperature(cfg.ttc_temperature, cfg.ttc_scale_mode)
+
+    def train(self, mode: bool = True):
+        super().train(mode)
+        self.teacher.eval()
+        self.mte.eval()
+        return self
+
+    def encode_images(self, images: Tensor) -> Tensor:
+        with torch.no_grad():
+            features = self.teacher.encode_images(images)
+        return F.normalize(self.clip_projector(features), dim=-1)
+
+    def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        with torch.no_grad():
+            mte = self.mte(input_ids, attention_mask)
+        return F.normalize(self.x_projector(mte.states, mte.mask), dim=-1)
+
+    def teacher_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The English captions through the frozen CLIP text tower and the shared projector."""
+        with torch.no_grad():
+            features = self.teacher.encode_texts(input_ids, attention_mask)
+        return F.normalize(self.clip_projector(features), dim=-1)
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        """Per language of the batch: ITC + λ·TTC for English, ITC alone otherwise (the teacher's
+        text tower is never called on other languages); the mean over languages."""
+        cfg = self.method_cfg.trikd
+        h_image = self.encode_images(batch["images"])
+        losses = []
+        for k, language in enumerate(batch["languages"]):
+            rows = batch["present"][:, k].bool()
+            ids, mask = batch["input_ids"][rows, k], batch["attention_mask"][rows, k]
+            h_teacher = self.teacher_texts(ids, mask) if language == ENGLISH else None
+            loss = trikd_loss(h_image[rows], self.encode_texts(ids, mask), self.logit_scale,
+                              h_teacher, ttc_weight=cfg.ttc_weight,
+                              ttc_temperature=self.ttc_temperature, max_scale=cfg.max_logit_scale)
+            self.log(f"train/itc_{language}", loss.itc.detach(), batch_size=int(rows.sum()))
+            if loss.ttc is not None:
+                self.log(f"train/ttc_{language}", loss.ttc.detach(), batch_size=int(rows.sum()))
+            losses.append(loss.total)
+        return torch.stack(losses).mean()
+
+    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
+                                    gradient_clip_algorithm=None) -> None:
+        clip_gradient_norm(self, self.method_cfg.grad_clip)
+
+    def configure_optimizers(self):
+        cfg = self.method_cfg.trikd
+        optimizer = Lamb(param_groups(self, cfg.weight_decay, cfg.lr), lr=cfg.lr, max_grad_norm=None)
+        factor = partial(inverse_sqrt_factor, warmup_steps=cfg.warmup_steps,
+                         decay_from_step=cfg.warmup_steps, initial_ratio=INITIAL_LR / cfg.lr)
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
+
+    @classmethod
+    def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
+        names = selected_stages(method)
+        previous = {name: names[i - 1] if i else None for i, name in enumerate(names)}
+
+        def checkpoint(name: str, path: Path | None) -> dict[str, Tensor] | None:
+            """The previous stage's weights (None when `name` is the first stage)."""
+            if previous[name] is None:
+                return None
+            if path is None:
+                raise ValueError(f"mclip stage {name!r} is built from the checkpoint of stage "
+                                 f"{previous[name]!r}, but none was given")
+            return load_state(path)
+
+        def build_teacher_stage(path: Path | None) -> L.LightningModule:
+            return ClipBaselineTeacher(method, optim, data, evaluation).model
+
+        def build_mte_stage_from(joint: bool, name: str, path: Path | None) -> L.LightningModule:
+            module = build_mte_stage(method, optim, data, evaluation, joint)
+            state = checkpoint(name, path)
+            if previous[name] == "teacher":
+                module.teacher.model.load_state_dict(state)
+            elif state is not None:
+                module.load_state_dict(state)
+            return module
+
+        def build_trikd(path: Path | None) -> L.LightningModule:
+            module = cls(method, optim, data, evaluation)
+            state = checkpoint("trikd", path)
+            if previous["trikd"] == "teacher":
+                module.teacher.model.load_state_dict(state)
+            elif state is not None:
+                load_prefixed(module.mte, state, "mte.")
+                if "teacher" in names:
+                    load_prefixed(module.teacher, state, "teacher.")
+            return module
+
+        def stage(name: str) -> Stage:
+            if name == "teacher":
+                return Stage(name, build_teacher_stage,
+                             lambda dm: dm.train_dataloader(languages=list(method.teacher.languages)),
+                             method.teacher.max_steps)
+            if name == "trikd":
+                return Stage(name, build_trikd,
+                             lambda dm: dm.train_dataloader(languages=list(method.trikd.languages)),
+                             method.trikd.max_steps)
+            joint = name == "mte_ctl"
+            steps = (method.translation.ctl if joint else method.translation.nmt).max_steps
+            return Stage(name, partial(build_mte_stage_from, joint, name),
+                         lambda dm: dm.parallel_dataloader(), steps)
+
+        return [stage(name) for name in names]

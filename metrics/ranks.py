@@ -1,0 +1,244 @@
+"""The rank engine: each query's 0-based rank of its best positive, computed chunk by chunk.
+
+Tie rule (optimistic): a query's rank is the number of candidates scoring *strictly higher* than its
+best-scoring positive, so a positive tied with negatives is ranked first among them. The
+argsort-per-row evaluator of the methods' public code (ALBEF ``itm_eval``) gives the same rank
+whenever the best positive's score is not tied; with ties its order is whatever the unstable sort
+returns, so its rank is ours plus some number between 0 and the number of tied negatives.
+
+Positives are given by groups: candidate ``c`` is a positive of query ``q`` exactly when
+``candidate_group[c] == query_group[q]`` (for image->text, the group is the image index of each
+caption; for text->image, the caption's image against ``arange(N)``). Nothing of size
+queries x candidates is ever held: memory is O(chunk x candidates).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from metrics.discount import ideal_binary_dcg, tie_averaged_discount
+from metrics.reranking import Reranker, rerank_chunk
+
+
+def positive_lists(query_group: Tensor, candidate_group: Tensor) -> tuple[Tensor, Tensor]:
+    """Candidate indices of every query's positives, padded: (index [Q, P], valid [Q, P])."""
+    order = torch.argsort(candidate_group, stable=True)
+    sorted_groups = candidate_group[order]
+    start = torch.searchsorted(sorted_groups, query_group, right=False)
+    count = torch.searchsorted(sorted_groups, query_group, right=True) - start
+    width = max(int(count.max()) if count.numel() else 0, 1)
+    offsets = torch.arange(width)
+    valid = offsets[None, :] < count[:, None]
+    slot = (start[:, None] + offsets[None, :] * valid).clamp(max=max(len(order) - 1, 0))
+    return order[slot], valid
+
+
+MAX_EXACT_COUNT = 2**24  # float32 holds every integer up to here exactly
+
+
+def count_compare(compare, part: Tensor, threshold: Tensor, dim: int, scratch: Tensor | None = None) -> Tensor:
+    """How many entries of ``part`` satisfy ``compare(entry, threshold)`` along ``dim`` (long).
+
+    The 0/1 outcome is written into a float32 buffer and summed there: summing floats is about
+    5x faster on CPU than summing bools, and exact because counts stay below 2**24.
+    """
+    if part.shape[dim] >= MAX_EXACT_COUNT:
+        raise ValueError(f"cannot count over {part.shape[dim]} candidates (limit {MAX_EXACT_COUNT})")
+    scratch = torch.empty(part.shape, dtype=torch.float32) if scratch is None else scratch
+    compare(part, threshold, out=scratch)
+    return scratch.sum(dim).long()
+
+
+def count_above(parts: list[Tensor], threshold: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
+    """Per row, how many scores across the column blocks ``parts`` exceed ``threshold`` [rows]."""
+    buffers = scratch or [None] * len(parts)
+    return sum(count_compare(torch.gt, p, threshold[:, None], 1, b) for p, b in zip(parts, buffers))
+
+
+def count_equal(parts: list[Tensor], value: Tensor) -> Tensor:
+    """Per row, how many scores across ``parts`` equal ``value`` [rows]."""
+    return sum(count_compare(torch.eq, part, value[:, None], 1) for part in parts)
+
+
+def window_top(parts: list[Tensor], size: int) -> Tensor:
+    """The ``size`` highest scores of each row across ``parts``, descending, padded with -inf."""
+    tops = [part.topk(min(size, part.shape[1]), dim=1).values for part in parts if part.shape[1]]
+    merged = torch.cat(tops, 1) if tops else parts[0].new_empty(parts[0].shape[0], 0)
+    if merged.shape[1] < size:
+        pad = merged.new_full((merged.shape[0], size - merged.shape[1]), float("-inf"))
+        merged = torch.cat([merged, pad], 1)
+    return merged.topk(size, dim=1).values
+
+
+def positive_ndcg(parts: list[Tensor], positive_scores: Tensor, valid: Tensor, k: int) -> Tensor:
+    """Binary NDCG@k of each row whose positives score ``positive_scores`` [rows, P] (``valid``
+    marks real entries), tie-averaged. Only ties reaching past the top-k window are recounted over
+    the whole row."""
+    window = window_top(parts, k + 1)
+    edge_value = window[:, k : k + 1]
+    higher = (window[:, None, :] > positive_scores[:, :, None]).sum(-1)
+    tied = (window[:, None, :] == positive_scores[:, :, None]).sum(-1)
+    on_edge = valid & (positive_scores == edge_value) & (higher < k)
+    for row, slot in on_edge.nonzero().tolist():
+        row_parts = [part[row : row + 1] for part in parts]
+        score = positive_scores[row : row + 1, slot]
+        higher[row, slot] = count_above(row_parts, score)[0]
+        tied[row, slot] = count_equal(row_parts, score)[0]
+    counted = valid & (positive_scores >= edge_value)
+    gains = tie_averaged_discount(higher, tied.clamp(min=1), k) * counted
+    return gains.sum(1) / ideal_binary_dcg(valid.sum(1), k)
+
+
+def _rank_rows(
+    score_rows: Callable[[int, int], Tensor],
+    num_queries: int,
+    query_group: Tensor,
+    candidate_group: Tensor,
+    *,
+    chunk_size: int,
+    ndcg_k: int,
+    reranker: Reranker | None,
+    rerank_k: int,
+    direction: str,
+) -> tuple[Tensor, Tensor]:
+    """Ranks and binary NDCG@ndcg_k of every query, one row chunk of scores at a time."""
+    positive_index, valid = positive_lists(query_group, candidate_group)
+    missing = (~valid.any(1)).nonzero()
+    if len(missing):
+        raise ValueError(f"query {int(missing[0])} ({direction}) has no positive candidate")
+    ranks = torch.empty(num_queries, dtype=torch.long)
+    ndcg = torch.empty(num_queries, dtype=torch.float64)
+    for start in range(0, num_queries, chunk_size):
+        stop = min(start + chunk_size, num_queries)
+        scores = score_rows(start, stop)
+        if reranker is not None and rerank_k > 0:
+            scores = rerank_chunk(scores, torch.arange(start, stop), reranker, rerank_k, direction)
+        positive = scores.gather(1, positive_index[start:stop])
+        best = positive.masked_fill(~valid[start:stop], float("-inf")).amax(1)
+        ranks[start:stop] = count_above([scores], best)
+        ndcg[start:stop] = positive_ndcg([scores], positive, valid[start:stop], ndcg_k)
+    return ranks, ndcg
+
+
+def rank_and_ndcg(
+    query_emb: Tensor | None,
+    candidate_emb: Tensor | None,
+    query_group: Tensor,
+    candidate_group: Tensor,
+    *,
+    scores: Tensor | None = None,
+    chunk_size: int = 1024,
+    ndcg_k: int = 10,
+    reranker: Reranker | None = None,
+    rerank_k: int = 0,
+    direction: str = "i2t",
+) -> tuple[Tensor, Tensor]:
+    """Best-positive ranks [Q] and binary NDCG@ndcg_k [Q] from embeddings or a score matrix.
+
+    Give either ``query_emb`` [Q, D] and ``candidate_emb`` [M, D] (scores are their dot products,
+    computed per chunk) or ``scores`` [Q, M] (e.g. already re-ranked scores). With ``reranker``
+    and ``rerank_k`` > 0, each query's top ``rerank_k`` candidates are rescored and placed first in
+    their new order, the rest follow in the original order: a rank below ``rerank_k`` is then a
+    position in the re-ranked list, a rank of ``rerank_k`` or more means no positive made the
+    top ``rerank_k`` and counts the candidates above the best positive in the original scores.
+    ``reranker`` receives local indices (rows of the queries, columns of the candidates).
+    """
+    if scores is not None:
+        return _rank_rows(
+            lambda a, b: scores[a:b], scores.shape[0], query_group, candidate_group,
+            chunk_size=chunk_size, ndcg_k=ndcg_k, reranker=reranker, rerank_k=rerank_k,
+            direction=direction,
+        )
+    return _rank_rows(
+        lambda a, b: query_emb[a:b] @ candidate_emb.T, query_emb.shape[0], query_group,
+        candidate_group, chunk_size=chunk_size, ndcg_k=ndcg_k, reranker=reranker,
+        rerank_k=rerank_k, direction=direction,
+    )
+
+
+def best_positive_rank(
+    query_emb: Tensor | None,
+    candidate_emb: Tensor | None,
+    query_group: Tensor,
+    candidate_group: Tensor,
+    *,
+    scores: Tensor | None = None,
+    chunk_size: int = 1024,
+    reranker: Reranker | None = None,
+    rerank_k: int = 0,
+    direction: str = "i2t",
+) -> Tensor:
+    """0-based rank of each query's best positive (see module docstring and ``rank_and_ndcg``)."""
+    ranks, _ = rank_and_ndcg(
+        query_emb, candidate_emb, query_group, candidate_group, scores=scores,
+        chunk_size=chunk_size, reranker=reranker, rerank_k=rerank_k, direction=direction,
+    )
+    return ranks
+
+
+@dataclass
+class PairedRanks:
+    """Both directions of one image set against one caption set; i2t rank is -1 for an image
+    without captions (it is no query)."""
+
+    i2t_rank: Tensor   # [N]
+    i2t_ndcg: Tensor   # [N]
+    t2i_rank: Tensor   # [T]
+    t2i_ndcg: Tensor   # [T]
+
+
+def paired_ranks(
+    image_emb: Tensor, text_emb: Tensor, caption_image: Tensor, *, chunk_size: int = 1024,
+    ndcg_k: int = 10,
+) -> PairedRanks:
+    """Image->text and text->image ranks and NDCG from ONE pass of the similarity matmul.
+
+    Captions are grouped by image, so the block of image chunk j against its own captions (the
+    "diagonal" block) holds every positive score of the chunk's images and captions. Those blocks
+    are computed first; the positive scores used as thresholds are therefore the very entries that
+    are compared, never a recomputation that could differ in rounding. Each score is then compared
+    once along its row (image->text) and once along its column (text->image).
+    """
+    num_images, num_captions = image_emb.shape[0], text_emb.shape[0]
+    order = torch.argsort(caption_image, stable=True)
+    texts, owner = text_emb[order], caption_image[order]
+    first_caption = torch.searchsorted(owner, torch.arange(num_images + 1))
+    positive_index, valid = positive_lists(torch.arange(num_images), owner)
+    chunks = [(a, min(a + chunk_size, num_images)) for a in range(0, num_images, chunk_size)]
+
+    diagonal, gold = [], torch.empty(num_captions, dtype=image_emb.dtype)
+    for a, b in chunks:
+        lo, hi = int(first_caption[a]), int(first_caption[b])
+        block = image_emb[a:b] @ texts[lo:hi].T
+        gold[lo:hi] = block[owner[lo:hi] - a, torch.arange(hi - lo)]
+        diagonal.append(block)
+
+    i2t_rank = torch.empty(num_images, dtype=torch.long)
+    i2t_ndcg = torch.zeros(num_images, dtype=torch.float64)
+    t2i_higher = torch.zeros(num_captions, dtype=torch.long)
+    t2i_tied = torch.zeros(num_captions, dtype=torch.long)
+    for (a, b), block in zip(chunks, diagonal):
+        lo, hi = int(first_caption[a]), int(first_caption[b])
+        parts = [image_emb[a:b] @ texts[:lo].T, block, image_emb[a:b] @ texts[hi:].T]
+        scratch = [torch.empty(part.shape, dtype=torch.float32) for part in parts]
+        for part, buffer, column in zip(parts, scratch, (0, lo, hi)):
+            columns = slice(column, column + part.shape[1])
+            t2i_higher[columns] += count_compare(torch.gt, part, gold[columns], 0, buffer)
+            t2i_tied[columns] += count_compare(torch.eq, part, gold[columns], 0, buffer)
+        rows_valid = valid[a:b]
+        positive = gold[positive_index[a:b]].masked_fill(~rows_valid, float("-inf"))
+        i2t_rank[a:b] = count_above(parts, positive.amax(1), scratch)
+        has_caption = rows_valid.any(1)
+        scores_ndcg = positive_ndcg(parts, positive, rows_valid, ndcg_k)
+        i2t_ndcg[a:b] = torch.where(has_caption, scores_ndcg, 0.0)
+    i2t_rank[~valid.any(1)] = -1
+
+    t2i_rank = torch.empty_like(t2i_higher)
+    t2i_rank[order] = t2i_higher
+    t2i_ndcg = torch.empty(num_captions, dtype=torch.float64)
+    t2i_ndcg[order] = tie_averaged_discount(t2i_higher, t2i_tied, ndcg_k)
+    return PairedRanks(i2t_rank, i2t_ndcg, t2i_rank, t2i_ndcg)

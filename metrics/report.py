@@ -1,0 +1,142 @@
+"""The one report call used by evaluation, ``metrics.json`` and the leaderboard."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+from torch import Tensor
+
+from metrics import functional
+from metrics.graded import graded_ndcg
+from metrics.ranks import paired_ranks, rank_and_ndcg
+from metrics.reranking import Reranker
+
+
+def _check_inputs(image_emb, text_emb, caption_image, caption_language, image_ids) -> None:
+    num_images, num_captions = image_emb.shape[0], text_emb.shape[0]
+    if len(image_ids) != num_images:
+        raise ValueError(f"retrieval_report: {len(image_ids)} image_ids for {num_images} image embeddings")
+    if len(set(image_ids)) != num_images:
+        raise ValueError("retrieval_report: image_ids are not unique")
+    if caption_image.shape != (num_captions,) or len(caption_language) != num_captions:
+        raise ValueError(
+            f"retrieval_report: {num_captions} caption embeddings but caption_image has shape "
+            f"{tuple(caption_image.shape)} and caption_language {len(caption_language)} entries"
+        )
+    outside = ((caption_image < 0) | (caption_image >= num_images)).nonzero()
+    if len(outside):
+        row = int(outside[0])
+        raise ValueError(f"retrieval_report: caption {row} points to image {int(caption_image[row])} of {num_images}")
+
+
+def _first_caption_per_image(caption_image: Tensor) -> tuple[Tensor, Tensor]:
+    """(images, position of each image's first caption) for the images that have captions."""
+    images, slot = torch.unique(caption_image, return_inverse=True)
+    positions = torch.arange(len(caption_image))
+    first = torch.full((len(images),), len(caption_image), dtype=torch.long)
+    return images, first.scatter_reduce(0, slot, positions, reduce="amin")
+
+
+def _language_ranks(image_emb, text_emb, captions, caption_image, *, ndcg_k, chunk_size,
+                    reranker, rerank_k):
+    """(i2t query images, i2t ranks, i2t NDCG, t2i ranks, t2i NDCG) for one language's captions."""
+    owners = caption_image[captions]
+    if reranker is None or rerank_k <= 0:
+        paired = paired_ranks(image_emb, text_emb[captions], owners, chunk_size=chunk_size, ndcg_k=ndcg_k)
+        queries = (paired.i2t_rank >= 0).nonzero().squeeze(1)
+        return (queries, paired.i2t_rank[queries], paired.i2t_ndcg[queries], paired.t2i_rank,
+                paired.t2i_ndcg)
+    queries = torch.unique(owners)
+    i2t = rank_and_ndcg(
+        image_emb[queries], text_emb[captions], queries, owners, chunk_size=chunk_size,
+        ndcg_k=ndcg_k, direction="i2t", rerank_k=rerank_k,
+        reranker=lambda d, q, c: reranker(d, queries[q], captions[c]),
+    )
+    t2i = rank_and_ndcg(
+        text_emb[captions], image_emb, owners, torch.arange(image_emb.shape[0]),
+        chunk_size=chunk_size, ndcg_k=ndcg_k, direction="t2i", rerank_k=rerank_k,
+        reranker=lambda d, q, c: reranker(d, captions[q], c),
+    )
+    return (queries, *i2t, *t2i)
+
+
+def _direction_scores(prefix: str, ranks: Tensor, ndcg: Tensor, ks, ndcg_k) -> dict[str, float]:
+    scores = {f"{prefix}/R@{k}": functional.recall_at_k(ranks, k) for k in ks}
+    scores[f"{prefix}/NDCG@{ndcg_k}"] = ndcg.mean().item()
+    scores[f"{prefix}/MRR"] = functional.mean_reciprocal_rank(ranks)
+    scores[f"{prefix}/MeanR"] = functional.mean_rank(ranks)
+    scores[f"{prefix}/MedR"] = functional.median_rank(ranks)
+    return scores
+
+
+def retrieval_report(
+    image_emb: Tensor,
+    text_emb: Tensor,
+    caption_image: Tensor,
+    caption_language: Sequence[str],
+    image_ids: Sequence[str],
+    *,
+    ks=(1, 5, 10),
+    ndcg_k: int = 10,
+    chunk_size: int = 1024,
+    reranker: Reranker | None = None,
+    rerank_k: int = 0,
+    image_relevance: Tensor | None = None,
+) -> dict[str, float]:
+    """Every retrieval score of an evaluated set, as one flat dict (keys in docs/interfaces.md).
+
+    Per language, image->text ranks an image's captions of that language among all captions of
+    that language (images without one are no query); text->image ranks all images for each
+    caption. MRV (``all/MRV_*``) matches instances by image, uses each image's rank per language
+    (TR) and its first caption's rank per language (IR), drops images missing a language and
+    reports their count; it is NaN with fewer than two languages. ``image_ids`` names the images;
+    the instance key is the image's position, so ids must be unique.
+    """
+    _check_inputs(image_emb, text_emb, caption_image, caption_language, image_ids)
+    languages = list(dict.fromkeys(caption_language))
+    language_of = torch.tensor([languages.index(lang) for lang in caption_language], dtype=torch.long)
+    report: dict[str, float] = {}
+    mrv_rows = {"i2t": [], "t2i": []}
+    for slot, lang in enumerate(languages):
+        captions = (language_of == slot).nonzero().squeeze(1)
+        queries, i2t_rank, i2t_ndcg, t2i_rank, t2i_ndcg = _language_ranks(
+            image_emb, text_emb, captions, caption_image, ndcg_k=ndcg_k, chunk_size=chunk_size,
+            reranker=reranker, rerank_k=rerank_k,
+        )
+        report |= _direction_scores(f"{lang}/i2t", i2t_rank, i2t_ndcg, ks, ndcg_k)
+        report |= _direction_scores(f"{lang}/t2i", t2i_rank, t2i_ndcg, ks, ndcg_k)
+        recalls = [report[f"{lang}/{d}/R@{k}"] for d in ("i2t", "t2i") for k in ks]
+        report[f"{lang}/mR"] = sum(recalls) / len(recalls)
+        images, first = _first_caption_per_image(caption_image[captions])
+        mrv_rows["i2t"].append((queries, torch.full_like(queries, slot), i2t_rank))
+        mrv_rows["t2i"].append((images, torch.full_like(images, slot), t2i_rank[first]))
+    report["mR"] = sum(report[f"{lang}/mR"] for lang in languages) / len(languages)
+    for direction, rows in mrv_rows.items():
+        instance, language, ranks = (torch.cat(column) for column in zip(*rows))
+        variance, std, incomplete = functional.mean_rank_variance(instance, language, ranks, len(languages))
+        if len(languages) < 2:
+            variance = std = float("nan")
+        report[f"all/MRV_var/{direction}"] = variance
+        report[f"all/MRV_std/{direction}"] = std
+        complete = len(torch.unique(instance)) - incomplete
+    report["all/MRV_dropped"] = float(image_emb.shape[0] - complete)
+    if image_relevance is not None:
+        report |= _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ndcg_k, chunk_size)
+    return report
+
+
+def _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ndcg_k, chunk_size):
+    """i2i and t2t graded NDCG; a caption's relevance to another is that of their images."""
+    num_images = image_emb.shape[0]
+    if image_relevance.shape != (num_images, num_images):
+        raise ValueError(
+            f"retrieval_report: image_relevance has shape {tuple(image_relevance.shape)}, "
+            f"expected ({num_images}, {num_images})"
+        )
+    i2i = graded_ndcg(image_emb, image_emb, lambda a, b: image_relevance[a:b], k=ndcg_k,
+                      exclude_self=True, chunk_size=chunk_size)
+    t2t = graded_ndcg(text_emb, text_emb,
+                      lambda a, b: image_relevance[caption_image[a:b]][:, caption_image],
+                      k=ndcg_k, exclude_self=True, chunk_size=chunk_size)
+    return {f"i2i/NDCG@{ndcg_k}": i2i.mean().item(), f"t2t/NDCG@{ndcg_k}": t2t.mean().item()}

@@ -1,0 +1,184 @@
+"""The CCRk module: one training step on an interfaces.md batch, gradient flow, Eq. 6 as a plain sum,
+CMLM on MITM's hard positive, τ bounds, the ablation switches and the ITM reranker (spec §10)."""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+
+import methods
+import methods.ccrk as ccrk_module
+from methods.ccrk import CCRk
+
+CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "ccrk.yaml"
+B, K, L, VOCAB, IMAGE = 8, 3, 16, 120, 32
+OPTIM = OmegaConf.create({"lr": 1e-3, "weight_decay": 0.02, "betas": [0.9, 0.98], "eps": 1e-6,
+                          "warmup_steps": 2, "min_lr_ratio": 0.01})
+EVALUATION = OmegaConf.create({"ks": [1, 5, 10], "ndcg_k": 10, "chunk_size": 1024, "batch_size": 8,
+                               "rerank_k": 0})
+
+
+@dataclass
+class Info:
+    languages: tuple = ("de", "en", "ja")
+    vocab_size: int = VOCAB
+    pad_token_id: int = 1
+    cls_token_id: int = 0
+    eos_token_id: int = 2
+    mask_token_id: int = 4
+    max_length: int = L
+    image_size: int = IMAGE
+    num_objects: int = 0
+
+
+def method_config(**overrides):
+    cfg = OmegaConf.load(CONFIG)
+    return OmegaConf.merge(cfg, OmegaConf.create(overrides))
+
+
+def build(**overrides):
+    torch.manual_seed(0)
+    return CCRk(method_config(**overrides), OPTIM, Info(), EVALUATION)
+
+
+def training_batch(seed=0, absent=()):
+    """A batch shaped like docs/interfaces.md: ids [B, K, L] with <s> first and </s> last."""
+    gen = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, VOCAB, (B, K, L), generator=gen)
+    lengths = torch.randint(4, L + 1, (B, K), generator=gen)
+    mask = (torch.arange(L) < lengths[..., None]).long()
+    ids[..., 0] = Info.cls_token_id
+    ids.scatter_(2, (lengths - 1)[..., None], Info.eos_token_id)
+    ids[mask == 0] = Info.pad_token_id
+    present = torch.ones(B, K, dtype=torch.bool)
+    for instance, language in absent:
+        present[instance, language] = False
+        ids[instance, language] = Info.pad_token_id
+        mask[instance, language] = 0
+    return {"images": torch.randn(B, 3, IMAGE, IMAGE, generator=gen), "input_ids": ids,
+            "attention_mask": mask, "present": present, "languages": list(Info.languages),
+            "ids": [str(i) for i in range(B)]}
+
+
+def test_registered_under_ccrk():
+    assert methods.get("ccrk") is CCRk
+
+
+def test_training_step_reaches_every_trainable_parameter():
+    module = build()
+    loss = module.training_step(training_batch(), 0)
+    assert loss.ndim == 0 and torch.isfinite(loss)
+    loss.backward()
+    no_grad = [name for name, p in module.named_parameters()
+               if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    assert no_grad == []
+    parts = {name.split(".")[0] for name, _ in module.named_parameters()}
+    assert parts == {"image_encoder", "text_encoder", "fusion", "vision_proj", "text_proj", "itm_head",
+                     "mlm_head", "temperature"}
+
+
+def test_total_is_the_plain_sum_of_the_terms(monkeypatch):
+    module = build()
+    monkeypatch.setattr(module, "contrastive_loss", lambda *a: torch.tensor(1.5))
+    monkeypatch.setattr(module, "matching_loss", lambda *a: torch.tensor(0.25))
+    monkeypatch.setattr(module, "masked_lm_loss", lambda *a: torch.tensor(2.0))
+    assert module.training_step(training_batch(), 0).item() == pytest.approx(3.75)
+
+
+def test_cmlm_masks_the_hard_positive_used_by_mitm(monkeypatch):
+    samples, masked_ids = [], []
+    original_sampler, original_masking = ccrk_module.sample_hard_examples, ccrk_module.mask_tokens
+
+    def record_sampler(*args, **kwargs):
+        samples.append(original_sampler(*args, **kwargs))
+        return samples[-1]
+
+    def record_masking(input_ids, *args, **kwargs):
+        masked_ids.append(input_ids.clone())
+        return original_masking(input_ids, *args, **kwargs)
+
+    monkeypatch.setattr(ccrk_module, "sample_hard_examples", record_sampler)
+    monkeypatch.setattr(ccrk_module, "mask_tokens", record_masking)
+    batch = training_batch()
+    build().training_step(batch, 0)
+    assert len(samples) == 1 and len(masked_ids) == 1
+    assert torch.equal(masked_ids[0], batch["input_ids"].reshape(B * K, L)[samples[0].positive_text])
+
+
+def test_ablation_switches_change_what_the_losses_see(monkeypatch):
+    seen = {"modes": [], "text_rows": []}
+    original_sampler, original_kcl = ccrk_module.sample_hard_examples, ccrk_module.one_to_k_loss
+
+    def record_sampler(image_feat, text_feat, temperature, mode, present):
+        seen["modes"].append(mode)
+        return original_sampler(image_feat, text_feat, temperature, mode, present)
+
+    def record_kcl(image_feat, text_feat, *args, **kwargs):
+        seen["text_rows"].append(len(text_feat))
+        return original_kcl(image_feat, text_feat, *args, **kwargs)
+
+    monkeypatch.setattr(ccrk_module, "sample_hard_examples", record_sampler)
+    monkeypatch.setattr(ccrk_module, "one_to_k_loss", record_kcl)
+    for overrides in ({}, {"contrastive": "one_to_one"}, {"hard_mitm": False}, {"hard_cmlm": False},
+                      {"hard_mining": "paper", "kcl_weighting": "reference"}):
+        seen["modes"].clear()
+        seen["text_rows"].clear()
+        loss = build(**overrides).training_step(training_batch(), 0)
+        assert torch.isfinite(loss)
+        expected_rows = B if overrides.get("contrastive") == "one_to_one" else B * K
+        assert seen["text_rows"] == [expected_rows]
+        mining = overrides.get("hard_mining", "reference")
+        expected_modes = [mining, "uniform"] if overrides.get("hard_mitm") is False else [mining]
+        assert seen["modes"] == expected_modes
+
+
+def test_absent_captions_are_handled():
+    module = build()
+    loss = module.training_step(training_batch(absent=[(0, 1), (3, 0), (3, 2)]), 0)
+    assert torch.isfinite(loss)
+
+
+def test_bad_switch_is_an_error():
+    with pytest.raises(ValueError, match="method.contrastive"):
+        build(contrastive="one_to_many")
+
+
+def test_temperature_stays_in_bounds_under_a_huge_learning_rate():
+    module = build()
+    optimizer = torch.optim.SGD(module.temperature.parameters(), lr=1e6)
+    batch = training_batch()
+    for _ in range(3):
+        optimizer.zero_grad()
+        module.training_step(batch, 0).backward()
+        optimizer.step()
+        module.clamp_temperature()
+        tau = module.temperature().item()
+        assert 0.001 - 1e-9 <= tau <= 0.5 + 1e-9
+        assert 0.001 - 1e-9 <= module.temperature.log_tau.exp().item() <= 0.5 + 1e-9
+
+
+def itm_logits(module, image_states, ids, mask):
+    text = module.text_encoder(ids, mask)
+    return module.itm_head(module.fuse(text.states, text.mask, image_states)[:, 0])
+
+
+@pytest.mark.parametrize("score", ["prob", "logit"])
+def test_reranker_scores_the_requested_pairs_in_both_directions(score):
+    module = build(rerank_batch_size=5, rerank_score=score).eval()
+    batch = training_batch()
+    images = batch["images"][:4]
+    ids, mask = batch["input_ids"][:6, 0], batch["attention_mask"][:6, 0]
+    reranker = module.reranker(module.image_cache(images), module.text_cache(ids, mask))
+    queries, candidates = torch.tensor([2, 0]), torch.tensor([[5, 0, 3], [1, 1, 4]])
+    i2t = reranker("i2t", queries, candidates)
+    with torch.no_grad():
+        logits = torch.stack([itm_logits(module, module.image_encoder(images[[q]]).expand(3, -1, -1),
+                                         ids[candidates[row]], mask[candidates[row]])
+                              for row, q in enumerate(queries.tolist())])
+    expected = logits.softmax(-1)[..., 1] if score == "prob" else logits[..., 1]
+    assert torch.allclose(i2t, expected, atol=1e-5)
+    t2i = reranker("t2i", torch.tensor([5, 4]), torch.tensor([[2, 1], [0, 3]]))
+    assert torch.allclose(t2i[0, 0], i2t[0, 0], atol=1e-6)  # image 2 with caption 5, either way
+    assert torch.allclose(t2i[1, 0], i2t[1, 2], atol=1e-6)  # image 0 with caption 4

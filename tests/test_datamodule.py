@@ -1,0 +1,227 @@
+"""CCRDataModule: training batches, evaluation views, parallel text, DataInfo, errors."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from unicodedata import normalize
+
+import pytest
+import torch
+from omegaconf import OmegaConf
+from PIL import Image
+from torch.utils.data import RandomSampler
+
+from datamodules.datamodule import CCRDataModule
+
+CONFIG = Path(__file__).resolve().parents[1] / "experiments/configs/data/synthetic.yaml"
+LANGUAGES = ["en", "de", "fr", "cs", "ja", "zh"]
+
+
+def synthetic_cfg(root: Path, **overrides):
+    cfg = OmegaConf.load(CONFIG)
+    cfg.root = str(root)
+    cfg.batch_size = 8
+    cfg.max_length = 40
+    cfg.tokenizer.vocab_size = 600
+    cfg.synthetic.num_train, cfg.synthetic.num_val, cfg.synthetic.num_test = 32, 6, 10
+    cfg.synthetic.coverage.de = 0.5
+    cfg.synthetic.weak_fraction = 0.5
+    cfg.merge_with(OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
+    OmegaConf.resolve(cfg)
+    return cfg
+
+
+@pytest.fixture(scope="module")
+def dm(tmp_path_factory) -> CCRDataModule:
+    module = CCRDataModule(synthetic_cfg(tmp_path_factory.mktemp("synthetic")), seed=0)
+    module.prepare_data()
+    module.setup("fit")
+    return module
+
+
+def test_info_after_setup(dm, tmp_path):
+    info = dm.info
+    assert info.languages == LANGUAGES and info.max_length == 40 and info.image_size == 32
+    specials = (info.cls_token_id, info.pad_token_id, info.eos_token_id, info.mask_token_id)
+    assert specials == (0, 1, 2, 4)
+    assert info.vocab_size == dm.tokenizer.vocab_size
+    labels = {label for r in dm.records("train") for label in r.extras["objects"]}
+    assert info.num_objects == len(labels) > 0
+    with pytest.raises(RuntimeError, match="after setup"):
+        _ = CCRDataModule(synthetic_cfg(tmp_path)).info
+
+
+def test_training_batch_shapes_and_dtypes(dm):
+    loader = dm.train_dataloader()
+    # shuffled and drop_last: under DDP Lightning swaps in its DistributedSampler
+    assert loader.drop_last and isinstance(loader.sampler, RandomSampler)
+    batch = next(iter(loader))
+    assert batch["images"].shape == (8, 3, 32, 32) and batch["images"].dtype == torch.float32
+    assert batch["input_ids"].shape == batch["attention_mask"].shape == (8, 6, 40)
+    assert batch["input_ids"].dtype == batch["attention_mask"].dtype == torch.long
+    assert batch["present"].shape == (8, 6) and batch["present"].dtype == torch.bool
+    assert batch["languages"] == LANGUAGES and len(batch["ids"]) == 8
+    assert batch["objects"].shape == (8, dm.info.num_objects)
+    assert batch["objects"].dtype == torch.long
+    assert batch["alignment_weak"].shape == (8,) and batch["alignment_weak"].dtype == torch.bool
+
+
+def test_present_mask_follows_partial_coverage(dm):
+    by_id = {r.id: r for r in dm.records("train")}
+    assert any("de" not in r.captions for r in by_id.values())
+    torch.manual_seed(0)
+    rows = [(batch, row) for _ in range(3) for batch in dm.train_dataloader() for row in range(8)]
+    seen_absent = False
+    for batch, row in rows:
+        record = by_id[batch["ids"][row]]
+        for k, lang in enumerate(LANGUAGES):
+            present = lang in record.captions
+            assert bool(batch["present"][row, k]) == present
+            ids, mask = batch["input_ids"][row, k], batch["attention_mask"][row, k]
+            if not present:
+                seen_absent = True
+                assert (ids == dm.info.pad_token_id).all() and not mask.any()
+                continue
+            assert ids[0] == dm.info.cls_token_id and mask.sum() > 2
+            # the tokenizer NFKC-normalises (fullwidth "，" becomes ","); long captions are cut,
+            # possibly inside a character that the small test vocabulary spells in bytes
+            text = dm.tokenizer.decode(ids[mask.bool()].tolist()).rstrip("\ufffd")
+            captions = [normalize("NFKC", c) for c in record.captions[lang]]
+            assert any(c.startswith(text) for c in captions), (text, captions)
+    assert seen_absent
+
+
+def test_object_labels_and_weak_flags_match_records(dm):
+    by_id = {r.id: r for r in dm.records("train")}
+    batch = next(iter(dm.train_dataloader()))
+    for row, record_id in enumerate(batch["ids"]):
+        record = by_id[record_id]
+        assert int(batch["objects"][row].sum()) == len(record.extras["objects"])
+        assert bool(batch["alignment_weak"][row]) == (record.extras["alignment"] == "weak")
+
+
+def test_language_subset_and_unknown_language(dm):
+    batch = next(iter(dm.train_dataloader(languages=["ja", "en"])))
+    assert batch["languages"] == ["ja", "en"] and batch["input_ids"].shape[:2] == (8, 2)
+    with pytest.raises(
+        ValueError, match=r"languages \['xx'\] not configured; configured languages: \['en', 'de'"
+    ):
+        dm.train_dataloader(languages=["en", "xx"])
+
+
+def test_eval_view_indexes_every_caption(dm):
+    view = dm.eval_view("test")
+    records = dm.records("test")
+    assert view.image_ids == [r.id for r in records] and len(records) == 10
+    assert view.languages == LANGUAGES
+    assert len(view.caption_language) == view.caption_image.shape[0] == 10 * 6 * 5
+    assert view.caption_image.dtype == torch.long
+    for text, image, lang in zip(view.captions, view.caption_image.tolist(), view.caption_language):
+        assert text in records[image].captions[lang]
+    assert view.relevance.shape == (10, 10) and torch.allclose(
+        view.relevance.diag(), torch.ones(10)
+    )
+    images = list(view.image_loader(4))
+    assert torch.cat([b["index"] for b in images]).tolist() == list(range(10))
+    assert images[0]["images"].shape == (4, 3, 32, 32)
+    captions = list(view.caption_loader(64))
+    assert torch.cat([b["index"] for b in captions]).tolist() == list(range(300))
+    assert captions[0]["input_ids"].shape == captions[0]["attention_mask"].shape == (64, 40)
+    first = captions[0]["input_ids"][0]
+    assert dm.tokenizer.decode(first.tolist()) == view.captions[0]
+
+
+def test_val_and_test_loaders_are_image_then_caption_loaders(dm):
+    image_loader, caption_loader = dm.val_dataloader()
+    assert len(image_loader.dataset) == 6 and len(caption_loader.dataset) == 6 * 6 * 5
+    assert len(dm.test_dataloader()[0].dataset) == 10
+
+
+def test_parallel_view_pairs_translations_one_pair_per_batch(dm):
+    loader = dm.parallel_dataloader()
+    dataset = loader.dataset
+    strict = [r for r in dm.records("train") if r.extras["alignment"] == "strict"]
+    weak = [r for r in dm.records("train") if r.extras["alignment"] == "weak"]
+    assert weak and strict
+    pairs = {(src, tgt) for src, tgt, _ in dataset.batches}
+    assert pairs == {p for lang in LANGUAGES[1:] for p in (("en", lang), (lang, "en"))}
+    translations = {
+        (src, tgt): {
+            (s, t)
+            for r in strict
+            if src in r.captions and tgt in r.captions
+            for s, t in zip(r.captions[src], r.captions[tgt])
+        }
+        for src, tgt in pairs
+    }
+    for src, tgt, texts in dataset.batches:
+        assert 0 < len(texts) <= 8 and set(texts) <= translations[src, tgt]
+    assert sum(len(t) for s, g, t in dataset.batches if (s, g) == ("en", "fr")) == 8 * (
+        len(translations["en", "fr"]) // 8
+    )
+    batch = next(iter(loader))
+    assert batch["src_input_ids"].shape[1] == batch["tgt_attention_mask"].shape[1] == 40
+    assert batch["src_language"] != batch["tgt_language"] and "en" in (
+        batch["src_language"],
+        batch["tgt_language"],
+    )
+
+
+def test_requested_language_absent_lists_present_ones(tmp_path):
+    cfg = synthetic_cfg(tmp_path, languages="[en,xx]")
+    module = CCRDataModule(cfg)
+    with pytest.raises(
+        ValueError,
+        match=r"\['xx'\] are not in the data; languages present: \['cs', 'de', 'en', 'fr', 'ja', 'zh'\]",
+    ):
+        module.setup("fit")
+
+
+def write_cc3m(root: Path, lines: dict[str, list[dict]]) -> None:
+    for split, objs in lines.items():
+        (root / split).mkdir(parents=True)
+        (root / split / "part-00000.jsonl").write_text(
+            "\n".join(json.dumps(o, ensure_ascii=False) for o in objs)
+        )
+        for o in objs:
+            (root / "images").mkdir(exist_ok=True)
+            Image.new("RGB", (20, 12), (200, 10, 10)).save(root / o["image"])
+
+
+def reader_cfg(root: Path, on_missing_image: str):
+    cfg = synthetic_cfg(root)
+    del cfg["synthetic"]
+    cfg.name, cfg.splits = "cc3m_jsonl", {"train": "train", "val": "val", "test": None}
+    cfg.languages, cfg.batch_size, cfg.on_missing_image = ["en", "ja"], 2, on_missing_image
+    cfg.cache_dir = str(root / "cache")
+    return cfg
+
+
+def test_a_reader_dataset_through_the_same_path(tmp_path):
+    train = [
+        {
+            "image": f"images/{i}.png",
+            "caption": {"en": f"a red thing number {i}", "ja": f"赤いもの{i}"},
+        }
+        for i in range(4)
+    ] + [{"image": "images/4.png", "caption": {"en": "only english"}}]
+    write_cc3m(tmp_path, {"train": train, "val": train[:2]})
+    (tmp_path / "images/3.png").unlink()
+    with pytest.raises(
+        ValueError, match=r"cc3m_jsonl/train: record 'images/3': image .*3.png is missing"
+    ):
+        CCRDataModule(reader_cfg(tmp_path, "error")).setup("fit")
+    module = CCRDataModule(reader_cfg(tmp_path, "skip"))
+    module.prepare_data()
+    module.setup("fit")
+    assert module.info.num_objects == 0 and len(module.records("train")) == 4
+    batches = list(module.train_dataloader())
+    assert len(batches) == 2 and "objects" not in batches[0] and "alignment_weak" not in batches[0]
+    present = {i: p.tolist() for b in batches for i, p in zip(b["ids"], b["present"])}
+    assert present["images/4"] == [True, False] and present["images/0"] == [True, True]
+    assert batches[0]["images"].shape == (2, 3, 32, 32)
+    assert len(module.train_dataloader(languages=["ja"]).dataset) == 3  # images/4 has no ja
+    assert module.eval_view("val").relevance is None
+    with pytest.raises(ValueError, match="has no test split"):
+        module.eval_view("test")
