@@ -196,11 +196,11 @@ def compare_values(report: dict, other: dict) -> str:
     return "identical R@K" if worst == 0 else f"max |R@K diff| {worst:.2g}"
 
 
-def benchmark(size_name: str, repeats: int) -> None:
+def benchmark(size_name: str, repeats: int, wanted: list[str]) -> None:
     size = SIZES[size_name]
     runs: dict[str, list[dict]] = {}
-    methods = [m for m in METHODS if skip_reason(m, size) is None]
-    for method in METHODS:
+    methods = [m for m in wanted if skip_reason(m, size) is None]
+    for method in wanted:
         if method not in methods:
             print(f"  {size_name}: {method} skipped: {skip_reason(method, size)}", flush=True)
     for round_index in range(repeats):
@@ -227,6 +227,8 @@ def main() -> None:
                         help=f"comma-separated, from {', '.join(SIZES)}")
     parser.add_argument("--stress", action="store_true", help="add " + " and ".join(STRESS_SIZES))
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--methods", default=",".join(METHODS),
+                        help="comma-separated subset of " + ", ".join(METHODS) + " (report and matmul always run)")
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
@@ -236,10 +238,14 @@ def main() -> None:
     unknown = [name for name in sizes if name not in SIZES]
     if unknown:
         parser.error(f"unknown size {unknown[0]!r}; choose from {', '.join(SIZES)}")
+    bad_methods = [m for m in args.methods.split(",") if m not in METHODS]
+    if bad_methods:
+        parser.error(f"unknown method {bad_methods[0]!r}; choose from {', '.join(METHODS)}")
+    wanted = [m for m in METHODS if m in {"report", "matmul", *args.methods.split(",")}]
     print("| size | method | median s | peak extra MiB | x report | x matmul | runs | values |")
     print("|---|---|---|---|---|---|---|---|", flush=True)
     for size_name in sizes:
-        benchmark(size_name, args.repeats if size_name != "stress100k" else 1)
+        benchmark(size_name, args.repeats if size_name != "stress100k" else 1, wanted)
 
 
 if __name__ == "__main__":

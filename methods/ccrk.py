@@ -19,7 +19,8 @@ re-scored by the fusion encoder and ITM head (§5).
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -28,10 +29,15 @@ from torch import Tensor
 
 from methods.base import RetrievalModule
 from methods.contrastive import LearnableTemperature
-from methods.encoders import ImageEncoder, TextEncoder, keep_layers
+from methods.encoders import ImageEncoder, TextEncoder, TextOutput, keep_layers
 from methods.fusion import FusionEncoder
 from methods.fusion_init import fusion_from_hf_layers
-from methods.hard_sampling import HardSamples, draw_positive_text, matching_loss, sample_hard_examples
+from methods.hard_sampling import (
+    HardSamples,
+    draw_positive_text,
+    matching_loss,
+    sample_hard_examples,
+)
 from methods.heads import ITMHead, MLMHead, ProjectionHead
 from methods.masking import IGNORE_INDEX, mask_tokens
 from methods.one_to_k import one_to_k_loss
@@ -70,11 +76,23 @@ def build_text_and_fusion(method: Any, data: Any, image_dim: int) -> tuple[TextE
     return text, fusion
 
 
-def trim_padding(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Drop the trailing columns that are padding in every row (right-padded captions): the
-    encoders mask padding, so the real tokens' states are unchanged and the step is cheaper."""
-    length = max(int(attention_mask.sum(1).max()), 1)
-    return input_ids[:, :length], attention_mask[:, :length]
+def length_buckets(attention_mask: Tensor, buckets: int) -> tuple[Tensor, list[tuple[Tensor, int]]]:
+    """Rows sorted by caption length and split into ``buckets`` groups, each with its longest length.
+
+    Encoding each group trimmed to its own length gives the real tokens the same states as one padded
+    call (padding is masked) while skipping most pad tokens: captions in the default world average 20
+    of 48 tokens. Returns the sort order and the (rows, length) groups.
+    """
+    lengths = attention_mask.sum(1)
+    order = lengths.argsort()
+    return order, [(rows, max(int(lengths[rows].max()), 1)) for rows in order.chunk(buckets)]
+
+
+def merge_buckets(parts: list[Tensor], order: Tensor, length: int) -> Tensor:
+    """Per-group sequence outputs [n_g, l_g, D] back to [N, length, D] in the original row order
+    (zeros at the trimmed padding positions)."""
+    padded = [F.pad(part, (0, 0, 0, length - part.shape[1])) for part in parts]
+    return torch.cat(padded)[order.argsort()]
 
 
 @register("ccrk")
@@ -105,11 +123,22 @@ class CCRk(RetrievalModule):
         return self.vision_proj(self.image_encoder(images)[:, 0])
 
     def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.text_proj(self.text_encoder(input_ids, attention_mask).pooled)
+        return self.text_proj(self.encode_captions(input_ids, attention_mask).pooled)
+
+    def encode_captions(self, input_ids: Tensor, attention_mask: Tensor) -> TextOutput:
+        """Text encoder over length buckets (see ``length_buckets``)."""
+        order, groups = length_buckets(attention_mask, self.method_cfg.length_buckets)
+        outputs = [self.text_encoder(input_ids[rows, :size], attention_mask[rows, :size]) for rows, size in groups]
+        states = merge_buckets([out.states for out in outputs], order, input_ids.shape[1])
+        pooled = torch.cat([out.pooled for out in outputs])[order.argsort()]
+        return TextOutput(states=states, pooled=pooled, mask=attention_mask.bool())
 
     def fuse(self, text_states: Tensor, text_mask: Tensor, image_states: Tensor) -> Tensor:
-        """Fusion encoder: caption token states attend to all image tokens."""
-        return self.fusion(text_states, text_mask, image_states)
+        """Fusion encoder (caption tokens attend to all image tokens), over length buckets."""
+        order, groups = length_buckets(text_mask, self.method_cfg.length_buckets)
+        parts = [self.fusion(text_states[rows, :size], text_mask[rows, :size], image_states[rows])
+                 for rows, size in groups]
+        return merge_buckets(parts, order, text_states.shape[1])
 
     # ---- training --------------------------------------------------------------------------------
 
@@ -117,13 +146,13 @@ class CCRk(RetrievalModule):
         self.clamp_temperature()
         images = batch["images"]
         batch_size, languages, length = batch["input_ids"].shape
-        input_ids, attention_mask = trim_padding(  # image-major rows j*K + k
-            batch["input_ids"].reshape(batch_size * languages, length),
-            batch["attention_mask"].reshape(batch_size * languages, length))
+        input_ids = batch["input_ids"].reshape(batch_size * languages, length)  # image-major rows j*K + k
+        attention_mask = batch["attention_mask"].reshape(batch_size * languages, length).clone()
+        attention_mask[:, 0] = 1  # an absent caption (all padding) still attends to one token; no loss uses it
         present = batch["present"].reshape(-1).bool()
 
         image_states = self.image_encoder(images)
-        text = self.text_encoder(input_ids, attention_mask)
+        text = self.encode_captions(input_ids, attention_mask)
         image_feat, text_feat = self.vision_proj(image_states[:, 0]), self.text_proj(text.pooled)
         temperature = self.temperature()
 
@@ -169,7 +198,7 @@ class CCRk(RetrievalModule):
         masked = mask_tokens(input_ids[rows], attention_mask[rows], self.data_info.mask_token_id,
                              self.mlm_head.decoder.out_features, self.special_token_ids,
                              self.method_cfg.mlm.mask_probability)
-        text = self.text_encoder(masked.input_ids, attention_mask[rows])
+        text = self.encode_captions(masked.input_ids, attention_mask[rows])
         fused = self.fuse(text.states, text.mask, image_states)
         selected = masked.labels != IGNORE_INDEX
         logits = self.mlm_head(fused[selected])
@@ -200,13 +229,13 @@ class CCRk(RetrievalModule):
         """Token ids and masks; the few re-ranked captions are re-encoded on demand."""
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
-    def reranker(self, image_emb_cache: Tensor, text_cache: Mapping[str, Tensor]) -> "MatchingReranker":
+    def reranker(self, image_emb_cache: Tensor, text_cache: Mapping[str, Tensor]) -> MatchingReranker:
         return MatchingReranker(self, image_emb_cache, text_cache["input_ids"], text_cache["attention_mask"])
 
     @torch.no_grad()
     def match_scores(self, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """ITM score of each (image, caption) pair: the match probability, or its logit ([ref])."""
-        text = self.text_encoder(input_ids, attention_mask)
+        text = self.encode_captions(input_ids, attention_mask)
         logits = self.itm_head(self.fuse(text.states, text.mask, image_states)[:, 0]).float()
         return logits.softmax(1)[:, 1] if self.method_cfg.rerank_score == "prob" else logits[:, 1]
 

@@ -15,9 +15,10 @@ checkpoint so that a stage needs nothing but that file:
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import partial
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import lightning as L
 import torch
@@ -33,8 +34,13 @@ from methods.distillation import fixed_ttc_temperature, freeze, trikd_loss
 from methods.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip
 from methods.optim import param_groups
 from methods.registry import register
-from methods.translation import (MTEEnhancement, TranslationDecoder, clip_gradient_norm,
-                                 inverse_sqrt_factor)
+from methods.translation import (
+    MTEEnhancement,
+    TranslationDecoder,
+    clip_gradient_norm,
+    inverse_sqrt_factor,
+    trim_padding,
+)
 
 STAGES = ("teacher", "mte_nmt", "mte_ctl", "trikd")
 ENGLISH = "en"
@@ -130,9 +136,9 @@ class ClipBaselineTeacher(nn.Module):
 def selected_stages(method) -> list[str]:
     """``method.stages`` checked: known names, in pipeline order, ending with ``trikd``."""
     stages = list(method.stages)
-    unknown = [s for s in stages if s not in STAGES]
-    if unknown or not stages or stages[-1] != "trikd" or stages != sorted(stages, key=STAGES.index) \
-            or len(set(stages)) != len(stages):
+    positions = [STAGES.index(s) if s in STAGES else -1 for s in stages]
+    in_order = all(a < b for a, b in zip(positions, positions[1:]))
+    if -1 in positions or not stages or stages[-1] != "trikd" or not in_order:
         raise ValueError(f"method.stages {stages}: expected an ordered subset of {list(STAGES)} "
                          "ending with 'trikd'")
     return stages
@@ -188,8 +194,8 @@ def load_prefixed(module: nn.Module, state: Mapping[str, Tensor], prefix: str) -
 
 @register("mclip")
 class MCLIP(RetrievalModule):
-    """The TriKD stage and the evaluated model: image = norm(Wc·teacher_image), text (any language)
-    = norm(XProjector(MTE states) at </s>). The teacher and the MTE are frozen and stay in eval()."""
+    """The TriKD stage and the evaluated model: image = norm(Wc·teacher_image), text in any
+    language = norm(XProjector(MTE states) at </s>). Teacher and MTE are frozen, in eval()."""
 
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
@@ -216,6 +222,7 @@ class MCLIP(RetrievalModule):
         return F.normalize(self.clip_projector(features), dim=-1)
 
     def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        input_ids, attention_mask = trim_padding(input_ids, attention_mask)
         with torch.no_grad():
             mte = self.mte(input_ids, attention_mask)
         return F.normalize(self.x_projector(mte.states, mte.mask), dim=-1)
@@ -234,7 +241,7 @@ class MCLIP(RetrievalModule):
         losses = []
         for k, language in enumerate(batch["languages"]):
             rows = batch["present"][:, k].bool()
-            ids, mask = batch["input_ids"][rows, k], batch["attention_mask"][rows, k]
+            ids, mask = trim_padding(batch["input_ids"][rows, k], batch["attention_mask"][rows, k])
             h_teacher = self.teacher_texts(ids, mask) if language == ENGLISH else None
             loss = trikd_loss(h_image[rows], self.encode_texts(ids, mask), self.logit_scale,
                               h_teacher, ttc_weight=cfg.ttc_weight,
@@ -251,7 +258,8 @@ class MCLIP(RetrievalModule):
 
     def configure_optimizers(self):
         cfg = self.method_cfg.trikd
-        optimizer = Lamb(param_groups(self, cfg.weight_decay, cfg.lr), lr=cfg.lr, max_grad_norm=None)
+        groups = param_groups(self, cfg.weight_decay, cfg.lr)
+        optimizer = Lamb(groups, lr=cfg.lr, max_grad_norm=None)  # clipping: see grad_clip
         factor = partial(inverse_sqrt_factor, warmup_steps=cfg.warmup_steps,
                          decay_from_step=cfg.warmup_steps, initial_ratio=INITIAL_LR / cfg.lr)
         return {"optimizer": optimizer,
@@ -263,13 +271,9 @@ class MCLIP(RetrievalModule):
         previous = {name: names[i - 1] if i else None for i, name in enumerate(names)}
 
         def checkpoint(name: str, path: Path | None) -> dict[str, Tensor] | None:
-            """The previous stage's weights (None when `name` is the first stage)."""
-            if previous[name] is None:
-                return None
-            if path is None:
-                raise ValueError(f"mclip stage {name!r} is built from the checkpoint of stage "
-                                 f"{previous[name]!r}, but none was given")
-            return load_state(path)
+            """The previous stage's weights; None for the first stage, or when the caller loads a
+            full checkpoint itself (experiments/evaluate.py builds with None)."""
+            return None if previous[name] is None or path is None else load_state(path)
 
         def build_teacher_stage(path: Path | None) -> L.LightningModule:
             return ClipBaselineTeacher(method, optim, data, evaluation).model
@@ -277,32 +281,34 @@ class MCLIP(RetrievalModule):
         def build_mte_stage_from(joint: bool, name: str, path: Path | None) -> L.LightningModule:
             module = build_mte_stage(method, optim, data, evaluation, joint)
             state = checkpoint(name, path)
+            if state is None:
+                return module
             if previous[name] == "teacher":
                 module.teacher.model.load_state_dict(state)
-            elif state is not None:
+            else:
                 module.load_state_dict(state)
             return module
 
         def build_trikd(path: Path | None) -> L.LightningModule:
             module = cls(method, optim, data, evaluation)
             state = checkpoint("trikd", path)
+            if state is None:
+                return module
             if previous["trikd"] == "teacher":
                 module.teacher.model.load_state_dict(state)
-            elif state is not None:
+            else:
                 load_prefixed(module.mte, state, "mte.")
                 if "teacher" in names:
                     load_prefixed(module.teacher, state, "teacher.")
             return module
 
         def stage(name: str) -> Stage:
-            if name == "teacher":
-                return Stage(name, build_teacher_stage,
-                             lambda dm: dm.train_dataloader(languages=list(method.teacher.languages)),
-                             method.teacher.max_steps)
-            if name == "trikd":
-                return Stage(name, build_trikd,
-                             lambda dm: dm.train_dataloader(languages=list(method.trikd.languages)),
-                             method.trikd.max_steps)
+            if name in ("teacher", "trikd"):
+                cfg = method[name]
+                build = build_teacher_stage if name == "teacher" else build_trikd
+                return Stage(name, build,
+                             lambda dm: dm.train_dataloader(languages=list(cfg.languages)),
+                             cfg.max_steps)
             joint = name == "mte_ctl"
             steps = (method.translation.ctl if joint else method.translation.nmt).max_steps
             return Stage(name, partial(build_mte_stage_from, joint, name),

@@ -38,6 +38,11 @@ class OneToKTerms:
     total: Tensor
 
 
+def _at_least_float32(x: Tensor) -> Tensor:
+    """Half-precision similarities (bf16/fp16 autocast) go to float32 before the softmax."""
+    return x.to(torch.promote_types(x.dtype, torch.float32))
+
+
 def positive_mask(query_instances: Tensor, num_instances: int, languages: int) -> Tensor:
     """Bool [Q, num_instances * languages]: True where the caption column belongs to the query's instance."""
     caption_owner = torch.arange(num_instances, device=query_instances.device).repeat_interleave(
@@ -92,10 +97,10 @@ def one_to_k_terms(
     languages = text_all.size(0) // total_b
     query_instances = torch.arange(local_b, device=image_query.device) + first_instance
 
-    i2t_logits = (image_query @ text_all.t()).float() / temperature
+    i2t_logits = _at_least_float32(image_query @ text_all.t()) / temperature
     i2t = one_to_k_i2t(i2t_logits, positive_mask(query_instances, total_b, languages), present_all)
 
-    t2i_logits = (text_query @ image_all.t()).float() / temperature
+    t2i_logits = _at_least_float32(text_query @ image_all.t()) / temperature
     text_owner = query_instances.repeat_interleave(languages)
     if present_query is not None:
         t2i_logits, text_owner = t2i_logits[present_query], text_owner[present_query]

@@ -9,8 +9,9 @@ the decoder input `[<2tgt>] + y` and the gold `y + [<eos>]` by shifting one posi
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from functools import partial
-from typing import Any, Mapping
+from typing import Any
 
 import lightning as L
 import torch
@@ -27,6 +28,13 @@ def masked_mean(states: Tensor, mask: Tensor) -> Tensor:
     included), so extra right padding never changes the result."""
     weights = mask.to(states.dtype).unsqueeze(-1)
     return (states * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+
+
+def trim_padding(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Drop the trailing columns that are padding in every row (batches come padded to the
+    tokenizer's max length); the encoders' outputs at real tokens do not change."""
+    length = max(int(attention_mask.sum(1).max()), 1)
+    return input_ids[:, :length], attention_mask[:, :length]
 
 
 def translation_nll(logits: Tensor, gold: Tensor, pad_token_id: int,
@@ -75,7 +83,8 @@ class TranslationDecoder(nn.Module):
 
     def language_index(self, language: str) -> int:
         if language not in self.languages:
-            raise KeyError(f"target language {language!r} has no decoder tag; known: {self.languages}")
+            raise KeyError(f"target language {language!r} has no decoder tag; "
+                           f"known: {self.languages}")
         return self.languages.index(language)
 
     def forward(self, tgt_input_ids: Tensor, memory: Tensor, memory_mask: Tensor,
@@ -151,17 +160,18 @@ class MTEEnhancement(L.LightningModule):
         return self
 
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> Tensor:
-        src_ids, src_mask = batch["src_input_ids"], batch["src_attention_mask"]
+        src_ids, src_mask = trim_padding(batch["src_input_ids"], batch["src_attention_mask"])
+        tgt_ids, tgt_mask = trim_padding(batch["tgt_input_ids"], batch["tgt_attention_mask"])
         with torch.set_grad_enabled(self.joint):
             source = self.mte(src_ids, src_mask)
         word_embeddings = self.mte.input_embeddings().weight
-        logits, gold = self.decoder(batch["tgt_input_ids"], source.states, source.mask,
-                                    batch["tgt_language"], word_embeddings)
+        logits, gold = self.decoder(tgt_ids, source.states, source.mask, batch["tgt_language"],
+                                    word_embeddings)
         nmt = translation_nll(logits, gold, self.pad_token_id, self.settings["label_smoothing"])
         self.log("train/nmt", nmt, batch_size=len(src_ids))
         if not self.joint:
             return nmt
-        target = self.mte(batch["tgt_input_ids"], batch["tgt_attention_mask"])
+        target = self.mte(tgt_ids, tgt_mask)
         ctl = contrastive_translation_loss(source.states, source.mask, target.states, target.mask,
                                            self.settings["ctl_temperature"])
         self.log("train/ctl", ctl, batch_size=len(src_ids))
@@ -174,8 +184,11 @@ class MTEEnhancement(L.LightningModule):
     def configure_optimizers(self):
         s = self.settings
         trainable = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.Adam(trainable, lr=s["lr"], betas=tuple(s["betas"]), weight_decay=0.0)
+        optimizer = torch.optim.Adam(trainable, lr=s["lr"], betas=tuple(s["betas"]),
+                                     weight_decay=0.0)
         factor = partial(inverse_sqrt_factor, warmup_steps=s["warmup_steps"],
-                         decay_from_step=s["decay_from_step"], initial_ratio=s["initial_lr"] / s["lr"])
+                         decay_from_step=s["decay_from_step"],
+                         initial_ratio=s["initial_lr"] / s["lr"])
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {"optimizer": optimizer,
+                "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}

@@ -24,12 +24,19 @@ from metrics.discount import ideal_binary_dcg, tie_averaged_discount
 from metrics.reranking import Reranker, rerank_chunk
 
 
+def group_starts(sorted_groups: Tensor, num_groups: int) -> Tensor:
+    """Where each group 0..num_groups-1 begins in ``sorted_groups`` (plus the end), [num_groups+1]."""
+    counts = torch.bincount(sorted_groups, minlength=num_groups)[:num_groups]
+    return torch.cat([counts.new_zeros(1), counts.cumsum(0)])
+
+
 def positive_lists(query_group: Tensor, candidate_group: Tensor) -> tuple[Tensor, Tensor]:
-    """Candidate indices of every query's positives, padded: (index [Q, P], valid [Q, P])."""
+    """Candidate indices of every query's positives, padded: (index [Q, P], valid [Q, P]).
+    Groups are non-negative integers."""
     order = torch.argsort(candidate_group, stable=True)
-    sorted_groups = candidate_group[order]
-    start = torch.searchsorted(sorted_groups, query_group, right=False)
-    count = torch.searchsorted(sorted_groups, query_group, right=True) - start
+    num_groups = int(max(query_group.max(), candidate_group.max())) + 1
+    starts = group_starts(candidate_group[order], num_groups)
+    start, count = starts[query_group], starts[query_group + 1] - starts[query_group]
     width = max(int(count.max()) if count.numel() else 0, 1)
     offsets = torch.arange(width)
     valid = offsets[None, :] < count[:, None]
@@ -206,7 +213,7 @@ def paired_ranks(
     num_images, num_captions = image_emb.shape[0], text_emb.shape[0]
     order = torch.argsort(caption_image, stable=True)
     texts, owner = text_emb[order], caption_image[order]
-    first_caption = torch.searchsorted(owner, torch.arange(num_images + 1))
+    first_caption = group_starts(owner, num_images)
     positive_index, valid = positive_lists(torch.arange(num_images), owner)
     chunks = [(a, min(a + chunk_size, num_images)) for a in range(0, num_images, chunk_size)]
 
@@ -223,10 +230,13 @@ def paired_ranks(
     t2i_tied = torch.zeros(num_captions, dtype=torch.long)
     for (a, b), block in zip(chunks, diagonal):
         lo, hi = int(first_caption[a]), int(first_caption[b])
-        parts = [image_emb[a:b] @ texts[:lo].T, block, image_emb[a:b] @ texts[hi:].T]
+        spans = [(0, lo, None), (lo, hi, block), (hi, num_captions, None)]
+        spans = [(start, stop, stored) for start, stop, stored in spans if stop > start]
+        parts = [image_emb[a:b] @ texts[start:stop].T if stored is None else stored
+                 for start, stop, stored in spans]
         scratch = [torch.empty(part.shape, dtype=torch.float32) for part in parts]
-        for part, buffer, column in zip(parts, scratch, (0, lo, hi)):
-            columns = slice(column, column + part.shape[1])
+        for part, buffer, (start, stop, _) in zip(parts, scratch, spans):
+            columns = slice(start, stop)
             t2i_higher[columns] += count_compare(torch.gt, part, gold[columns], 0, buffer)
             t2i_tied[columns] += count_compare(torch.eq, part, gold[columns], 0, buffer)
         rows_valid = valid[a:b]

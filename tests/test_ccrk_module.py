@@ -134,10 +134,13 @@ def test_ablation_switches_change_what_the_losses_see(monkeypatch):
         assert seen["modes"] == expected_modes
 
 
-def test_absent_captions_are_handled():
-    module = build()
+@pytest.mark.parametrize("mining", ["reference", "paper"])
+def test_absent_captions_are_handled(mining):
+    module = build(hard_mining=mining)
     loss = module.training_step(training_batch(absent=[(0, 1), (3, 0), (3, 2)]), 0)
     assert torch.isfinite(loss)
+    loss.backward()
+    assert all(torch.isfinite(p.grad).all() for p in module.parameters() if p.grad is not None)
 
 
 def test_bad_switch_is_an_error():
@@ -182,3 +185,75 @@ def test_reranker_scores_the_requested_pairs_in_both_directions(score):
     t2i = reranker("t2i", torch.tensor([5, 4]), torch.tensor([[2, 1], [0, 3]]))
     assert torch.allclose(t2i[0, 0], i2t[0, 0], atol=1e-6)  # image 2 with caption 5, either way
     assert torch.allclose(t2i[1, 0], i2t[1, 2], atol=1e-6)  # image 0 with caption 4
+
+
+def test_length_buckets_leave_real_token_states_unchanged():
+    module = build().eval()
+    batch = training_batch()
+    ids, mask = batch["input_ids"].reshape(B * K, L), batch["attention_mask"].reshape(B * K, L)
+    image_states = module.image_encoder(batch["images"]).repeat_interleave(K, dim=0)
+    with torch.no_grad():
+        bucketed = module.encode_captions(ids, mask)
+        fused = module.fuse(bucketed.states, bucketed.mask, image_states)
+        module.method_cfg.length_buckets = 1
+        whole = module.text_encoder(ids, mask)
+        whole_fused = module.fuse(whole.states, whole.mask, image_states)
+    real = mask.bool()
+    assert torch.allclose(bucketed.states[real], whole.states[real], atol=1e-5)
+    assert torch.allclose(bucketed.pooled, whole.pooled, atol=1e-5)
+    assert torch.allclose(fused[real], whole_fused[real], atol=1e-5)
+
+
+def test_itm_reranking_through_the_metrics_hook_orders_by_itm_when_k_covers_everything():
+    import metrics
+
+    module = build().eval()
+    batch = training_batch(seed=4)
+    images = batch["images"][:5]
+    ids = batch["input_ids"][:5, :2].transpose(0, 1).reshape(10, L)  # language-major: de 0..4, en 0..4
+    mask = batch["attention_mask"][:5, :2].transpose(0, 1).reshape(10, L)
+    caption_image = torch.arange(5).repeat(2)
+    languages = ["de"] * 5 + ["en"] * 5
+    with torch.no_grad():
+        image_emb, text_emb = module.encode_images(images), module.encode_texts(ids, mask)
+        reranker = module.reranker(module.image_cache(images), module.text_cache(ids, mask))
+        report = metrics.retrieval_report(image_emb, text_emb, caption_image, languages,
+                                          [str(i) for i in range(5)], ks=(1,), reranker=reranker, rerank_k=50)
+        image_states = module.image_cache(images)
+        itm = torch.stack([module.match_scores(image_states, ids[[t] * 5], mask[[t] * 5]) for t in range(10)], 1)
+    for slot, lang in enumerate(("de", "en")):
+        scores = itm[:, slot * 5:(slot + 1) * 5]  # [image, caption of this language]
+        gold_scores = scores.diagonal()
+        i2t_ranks = (scores > gold_scores[:, None]).sum(1)  # 0-based rank of the gold caption per image
+        t2i_ranks = (scores > gold_scores[None, :]).sum(0)
+        assert report[f"{lang}/i2t/MeanR"] == pytest.approx(i2t_ranks.double().mean().item() + 1)
+        assert report[f"{lang}/t2i/MeanR"] == pytest.approx(t2i_ranks.double().mean().item() + 1)
+        assert report[f"{lang}/i2t/R@1"] == pytest.approx(100 * (i2t_ranks == 0).double().mean().item())
+
+
+def test_smoke_training_lowers_the_loss_and_aligns_the_batch():
+    """§10.15 in small: languages are fixed token remappings of one base caption per instance."""
+    gen = torch.Generator().manual_seed(0)
+    base = torch.randint(5, VOCAB, (B, L - 2), generator=gen)
+    remap = [torch.cat([torch.arange(5), 5 + torch.randperm(VOCAB - 5, generator=gen)]) for _ in range(K)]
+    ids = torch.stack([torch.cat([torch.zeros(B, 1, dtype=torch.long), remap[k][base],
+                                  torch.full((B, 1), 2)], 1) for k in range(K)], 1)
+    batch = {"images": torch.randn(B, 3, IMAGE, IMAGE, generator=gen), "input_ids": ids,
+             "attention_mask": torch.ones_like(ids), "present": torch.ones(B, K, dtype=torch.bool)}
+    module = build()
+    optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    losses = []
+    for _ in range(30):
+        optimizer.zero_grad()
+        loss = module.training_step(batch, 0)
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    assert sum(losses[-5:]) < sum(losses[:5])
+    with torch.no_grad():
+        image_emb = module.encode_images(batch["images"])
+        text_emb = module.encode_texts(ids.reshape(B * K, L), batch["attention_mask"].reshape(B * K, L))
+    owner = torch.arange(B).repeat_interleave(K)
+    t2i_r1 = ((text_emb @ image_emb.t()).argmax(1) == owner).float().mean().item()
+    i2t_r1 = (owner[(image_emb @ text_emb.t()).argmax(1)] == torch.arange(B)).float().mean().item()
+    assert t2i_r1 > 0.5 and i2t_r1 > 0.5  # chance: 1/8

@@ -5,17 +5,18 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from test_ccrk_module import EVALUATION, OPTIM, VOCAB, Info, training_batch
 from transformers import AutoConfig, AutoModel
 
 from methods.ccrk import CCRk
 from methods.fusion_init import fusion_from_hf_layers
-from test_ccrk_module import EVALUATION, OPTIM, VOCAB, Info, training_batch
 
 PAPER = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "ccrk_paper.yaml"
-TINY_XLMR = dict(model_type="xlm-roberta", vocab_size=VOCAB, hidden_size=32, num_hidden_layers=24,
-                 num_attention_heads=4, intermediate_size=64, max_position_embeddings=40, pad_token_id=1,
-                 hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
-TINY_SWIN = dict(img_size=32, patch_size=4, window_size=4, embed_dim=16, depths=[1, 1], num_heads=[1, 2])
+TINY_XLMR = {"model_type": "xlm-roberta", "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 24,
+             "num_attention_heads": 4, "intermediate_size": 64, "max_position_embeddings": 40,
+             "pad_token_id": 1, "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+TINY_SWIN = {"img_size": 32, "patch_size": 4, "window_size": 4, "embed_dim": 16, "depths": [1, 1],
+             "num_heads": [1, 2]}
 
 
 def tiny_xlmr(seed=0):

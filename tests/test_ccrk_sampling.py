@@ -154,7 +154,7 @@ def test_matching_loss_pairs_and_labels():
     assert torch.allclose(out.loss, F.cross_entropy(expected_logits, out.labels))
 
 
-SPECIALS = dict(pad=0, cls=1, eos=2, mask=3)
+SPECIALS = {"pad": 0, "cls": 1, "eos": 2, "mask": 3}
 
 
 def token_batch(rows=400, length=16, vocab=50, seed=0):

@@ -25,15 +25,6 @@ INFO = SimpleNamespace(
 )
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    """Tiny models: one intra-op thread avoids OpenMP contention on shared CI cores (10x here)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
 def _clip(**method_overrides):
     method = OmegaConf.merge(OmegaConf.load(CONFIGS / "method" / "clip.yaml"), method_overrides)
     base = OmegaConf.load(CONFIGS / "base.yaml")
