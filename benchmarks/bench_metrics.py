@@ -213,8 +213,12 @@ def benchmark(size_name: str, repeats: int, wanted: list[str]) -> None:
     report_values = runs["report"][0]["values"]
     for method, results in runs.items():
         fraction = results[0]["fraction"]
-        note = compare_values(report_values, results[0]["values"]) if fraction == 1.0 else (
-            f"time x{1 / fraction:.1f} from {fraction:.0%} of the queries")
+        if method == "report":
+            note = "reference values"
+        elif fraction == 1.0:
+            note = compare_values(report_values, results[0]["values"])
+        else:
+            note = f"time x{1 / fraction:.1f} from {fraction:.0%} of the queries"
         print(f"| {size_name} | {method} | {median[method]:.3f} | "
               f"{max(r['extra_mib'] for r in results):.0f} | "
               f"{median[method] / median['report']:.2f} | "

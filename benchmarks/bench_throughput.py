@@ -26,7 +26,7 @@ from torch.optim.lr_scheduler import LambdaLR
 import methods
 from experiments.config import compose
 from experiments.train import build_datamodule
-from experiments.trainer import build_trainer
+from experiments.trainer import build_trainer, configure_threads
 from methods.optim import param_groups, warmup_cosine
 
 
@@ -89,6 +89,7 @@ def main() -> None:
     args = parser.parse_args()
     cfg = compose(["method=clip", "trainer.progress_refresh_rate=10", *args.overrides])
     torch.manual_seed(cfg.seed)
+    configure_threads(cfg)
     data = build_datamodule(cfg)
     plain, light = [], []
     for round_ in range(args.rounds):

@@ -54,6 +54,8 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     cfg = OmegaConf.load(CONFIG_DIR / "base.yaml")
     for group, name in selectors.items():
         cfg[group] = _load_group(group, name)
+    if "protocol" in cfg.method:  # a method preset may fix its evaluation protocol (mCLIP: zero-shot)
+        cfg.protocol = cfg.method.pop("protocol")
     cfg.preset = selectors
     return apply_overrides(cfg, rest)
 

@@ -19,7 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from experiments.config import ConfigError, apply_overrides
 from experiments.runs import scorer_label, write_metrics
 from experiments.train import StageData, build_datamodule, stages_of
-from experiments.trainer import build_trainer
+from experiments.trainer import build_trainer, configure_threads
 
 
 def find_run_dir(ckpt: Path) -> Path:
@@ -35,6 +35,7 @@ def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> 
         raise ConfigError(f"checkpoint {ckpt} does not exist")
     run_dir = find_run_dir(ckpt)
     cfg: DictConfig = apply_overrides(OmegaConf.load(run_dir / "config.yaml"), overrides)
+    configure_threads(cfg)
     data = build_datamodule(cfg)
     stage = stages_of(cfg, data)[-1]
     module = stage.build(None)

@@ -21,7 +21,7 @@ import methods
 from datamodules.datamodule import CCRDataModule
 from experiments.config import ConfigError, compose
 from experiments.runs import resolve_run_dir, resume_checkpoint, save_config, write_metrics
-from experiments.trainer import Throughput, build_trainer
+from experiments.trainer import Throughput, build_trainer, configure_threads
 from methods.base import Stage
 
 DONE = "done.ckpt"
@@ -66,6 +66,7 @@ def checkpoint_dir(run_dir: Path, stages: Sequence[Stage], stage: Stage) -> Path
 def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
     L.seed_everything(cfg.seed, workers=True)
+    configure_threads(cfg)
     run_dir = resolve_run_dir(cfg)
     save_config(cfg, run_dir)
     data = build_datamodule(cfg)

@@ -6,6 +6,7 @@ import time
 from pathlib import Path
 
 import lightning as L
+import torch
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig
@@ -30,6 +31,12 @@ class Throughput(Callback):
     @property
     def samples_per_second(self) -> float:
         return self.samples / self.seconds if self.seconds else 0.0
+
+
+def configure_threads(cfg: DictConfig) -> None:
+    """Apply the preset's torch intra-op thread count (CPU runs), if it sets one."""
+    if cfg.trainer.cpu_threads:
+        torch.set_num_threads(int(cfg.trainer.cpu_threads))
 
 
 def build_trainer(

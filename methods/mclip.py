@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from functools import partial
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -137,7 +138,7 @@ def selected_stages(method) -> list[str]:
     """``method.stages`` checked: known names, in pipeline order, ending with ``trikd``."""
     stages = list(method.stages)
     positions = [STAGES.index(s) if s in STAGES else -1 for s in stages]
-    in_order = all(a < b for a, b in zip(positions, positions[1:]))
+    in_order = all(a < b for a, b in pairwise(positions))
     if -1 in positions or not stages or stages[-1] != "trikd" or not in_order:
         raise ValueError(f"method.stages {stages}: expected an ordered subset of {list(STAGES)} "
                          "ending with 'trikd'")

@@ -44,3 +44,10 @@ def test_every_trainer_preset_composes():
 def test_method_label_includes_variant():
     assert method_label(compose([])) == "clip"
     assert method_label(compose(["variant=no-warmup"])) == "clip+no-warmup"
+
+
+def test_method_preset_may_fix_the_protocol_and_the_cli_still_wins():
+    assert compose(["method=mclip"]).protocol == "zero-shot"
+    assert "protocol" not in compose(["method=mclip"]).method
+    assert compose(["method=mclip", "protocol=fine-tune"]).protocol == "fine-tune"
+    assert compose(["method=clip"]).protocol == "default"
