@@ -132,7 +132,9 @@ def mte_embeddings(mte: TextEncoder) -> nn.Module:
 class MTEEnhancement(L.LightningModule):
     """mCLIP Stage 1 on parallel text. `joint=False` (1a): only the decoder and its language tags
     train on L_NMT over the frozen MTE. `joint=True` (1b): the MTE's encoder layers train too, on
-    L_NMT + ctl_weight·L_CTL; embeddings stay frozen throughout.
+    L_NMT + ctl_weight·L_CTL; embeddings stay frozen unless `settings["train_embeddings"]` (only
+    sensible for a random-init MTE, whose frozen random embeddings would leave the tied output
+    layer nearly flat; the paper freezes XLM-R's pretrained ones).
 
     `teacher` is carried unchanged (frozen) so the next stage can be built from this checkpoint.
     """
@@ -143,9 +145,10 @@ class MTEEnhancement(L.LightningModule):
         self.mte, self.decoder, self.teacher = mte, decoder, teacher
         self.settings, self.joint, self.pad_token_id = dict(settings), joint, pad_token_id
         self.mte.requires_grad_(False)
+        embeddings = mte_embeddings(mte)  # fails early on a non-XLM-R backend
         if joint:
             self.mte.backbone.model.encoder.requires_grad_(True)
-        mte_embeddings(mte)  # fail early on a non-XLM-R backend
+            embeddings.requires_grad_(bool(self.settings.get("train_embeddings", False)))
         if teacher is not None:
             freeze(teacher)
 

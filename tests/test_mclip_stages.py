@@ -48,14 +48,16 @@ def test_stage_1a_trains_only_the_decoder_and_its_language_tags():
     assert changed == decoder and "decoder.language_tags.weight" in changed
 
 
-def test_stage_1b_trains_encoder_layers_but_never_the_embeddings():
-    module = stage_one(joint=True)
+@pytest.mark.parametrize("train_embeddings", [False, True])
+def test_stage_1b_trains_encoder_layers_and_embeddings_only_when_asked(train_embeddings):
+    module = stage_one(joint=True, **{"translation.ctl.train_embeddings": train_embeddings})
     before = snapshot(module)
     adam_step(module, parallel_batch())
     changed = changed_names(before, snapshot(module))
     embeddings = {f"mte.backbone.model.embeddings.{n}" for n, _ in mte_embeddings(module.mte).named_parameters()}
     assert "mte.backbone.model.embeddings.word_embeddings.weight" in embeddings
-    assert not changed & embeddings and not any(name.startswith("teacher.") for name in changed)
+    assert bool(changed & embeddings) == train_embeddings  # the paper (False) freezes them
+    assert not any(name.startswith("teacher.") for name in changed)
     encoder = {name for name, _ in module.named_parameters() if name.startswith("mte.backbone.model.encoder.")}
     assert encoder <= changed and any(name.startswith("decoder.") for name in changed)
 
