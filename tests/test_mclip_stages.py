@@ -134,7 +134,9 @@ def test_the_pipeline_hands_each_stage_the_previous_stages_weights(tmp_path):
     method = method_config()
     stages = MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation)
     assert [s.name for s in stages] == ["teacher", "mte_nmt", "mte_ctl", "trikd"]
-    assert [s.max_steps for s in stages] == [400, 300, 300, 400]
+    budgets = [method.teacher.max_steps, method.translation.nmt.max_steps,
+               method.translation.ctl.max_steps, method.trikd.max_steps]
+    assert [s.max_steps for s in stages] == budgets
     data = FakeDataModule()
     previous, trained = None, {}
     for stage in stages:
