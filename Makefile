@@ -8,6 +8,7 @@ DATA   ?= synthetic
 TRAINER ?= cpu
 SEEDS  ?= 0 1 2
 ARGS   ?=
+RUNS   ?= runs
 
 .PHONY: setup train eval leaderboard compare test bench clean
 
@@ -28,11 +29,11 @@ eval: $(STAMP)
 	$(PY) -m experiments.evaluate ckpt=$(CKPT) $(ARGS)
 
 leaderboard: $(STAMP)
-	$(PY) -m experiments.leaderboard --runs runs --out .
+	$(PY) -m experiments.leaderboard --runs $(RUNS) --out .
 
 compare: $(STAMP)
 	$(PY) -m experiments.compare --seeds $(SEEDS) --data $(DATA) $(ARGS)
-	$(PY) -m experiments.leaderboard --runs runs --out .
+	$(PY) -m experiments.leaderboard --runs $(RUNS) --out .
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2

@@ -70,8 +70,8 @@ def to_markdown(rows: list[dict]) -> str:
     out = ["# Leaderboard", "",
            "Mean ± std over seeds, test split. mR: mean of R@1/5/10 in both directions over all",
            "languages. Per-language cells: i2t R@1 / t2i R@1. MRV: std of an instance's ranks across",
-           "languages (lower is more consistent). Built from `runs/**/metrics.json` by",
-           "`make leaderboard`.", ""]
+           "languages (lower is more consistent). Built from the runs' `metrics.json` files by",
+           "`make leaderboard`; each file holds the run's full config and seed.", ""]
     for data in sorted({r["data"] for r in rows}):
         group = [r for r in rows if r["data"] == data]
         languages = list(dict.fromkeys(lang for r in group for lang in r["languages"]))
