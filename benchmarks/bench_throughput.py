@@ -27,7 +27,7 @@ import methods
 from experiments.config import compose
 from experiments.train import build_datamodule
 from experiments.trainer import build_trainer, configure_threads
-from methods.optim import param_groups, warmup_cosine
+from methods.layers.optim import param_groups, warmup_cosine
 
 
 class StepTimer(L.Callback):

@@ -52,8 +52,8 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """The resolved run configuration for these command-line overrides."""
     selectors, rest = split_overrides(overrides)
     cfg = OmegaConf.load(CONFIG_DIR / "base.yaml")
-    for group, name in selectors.items():
-        cfg[group] = _load_group(group, name)
+    for group, name in selectors.items():  # a preset overrides the base file's section, if any
+        cfg[group] = OmegaConf.merge(cfg.get(group) or {}, _load_group(group, name))
     if "protocol" in cfg.method:  # a method preset may fix its evaluation protocol (mCLIP: zero-shot)
         cfg.protocol = cfg.method.pop("protocol")
     cfg.preset = selectors

@@ -22,7 +22,7 @@ from datamodules.datamodule import CCRDataModule
 from experiments.config import ConfigError, compose
 from experiments.runs import resolve_run_dir, resume_checkpoint, save_config, write_metrics
 from experiments.trainer import Throughput, build_trainer, configure_threads
-from methods.base import Stage
+from methods.layers.base import Stage
 
 DONE = "done.ckpt"
 

@@ -27,20 +27,20 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from methods.base import RetrievalModule
-from methods.contrastive import LearnableTemperature
-from methods.encoders import ImageEncoder, TextEncoder, TextOutput, keep_layers
-from methods.fusion import FusionEncoder
-from methods.fusion_init import fusion_from_hf_layers
-from methods.hard_sampling import (
+from methods.layers.base import RetrievalModule
+from methods.layers.contrastive import LearnableTemperature
+from methods.layers.encoders import ImageEncoder, TextEncoder, TextOutput, keep_layers
+from methods.layers.fusion import FusionEncoder
+from methods.layers.fusion_init import fusion_from_hf_layers
+from methods.layers.hard_sampling import (
     HardSamples,
     draw_positive_text,
     matching_loss,
     sample_hard_examples,
 )
-from methods.heads import ITMHead, MLMHead, ProjectionHead
-from methods.masking import IGNORE_INDEX, mask_tokens
-from methods.one_to_k import one_to_k_loss
+from methods.layers.heads import ITMHead, MLMHead, ProjectionHead
+from methods.layers.masking import IGNORE_INDEX, mask_tokens
+from methods.layers.one_to_k import one_to_k_loss
 from methods.registry import register
 
 CONTRASTIVE = ("one_to_k", "one_to_one")

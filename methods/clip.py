@@ -10,10 +10,10 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from methods.base import RetrievalModule
-from methods.contrastive import LearnableTemperature, info_nce
-from methods.encoders import ImageEncoder, TextEncoder
-from methods.heads import ProjectionHead
+from methods.layers.base import RetrievalModule
+from methods.layers.contrastive import LearnableTemperature, info_nce
+from methods.layers.encoders import ImageEncoder, TextEncoder
+from methods.layers.heads import ProjectionHead
 from methods.registry import register
 
 

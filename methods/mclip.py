@@ -7,7 +7,7 @@ checkpoint so that a stage needs nothing but that file:
 * ``teacher``: the suite's ``clip`` baseline trained on English captions only. Without this stage
   the teacher is an open_clip model by name and pretrained tag or local checkpoint.
 * ``mte_nmt`` (Stage 1a) and ``mte_ctl`` (Stage 1b): the MTE enhanced on parallel text
-  (:class:`methods.translation.MTEEnhancement`); the teacher is carried along unchanged.
+  (:class:`methods.layers.translation.MTEEnhancement`); the teacher is carried along unchanged.
 * ``trikd`` (Stage 2, always last): :class:`MCLIP`, which trains only the shared CLIP-projector,
   the X-projector and the ITC temperature, and is the module evaluated.
 """
@@ -30,12 +30,12 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 import methods
-from methods.base import RetrievalModule, Stage
-from methods.distillation import fixed_ttc_temperature, freeze, trikd_loss
-from methods.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip
-from methods.optim import param_groups
+from methods.layers.base import RetrievalModule, Stage
+from methods.layers.distillation import fixed_ttc_temperature, freeze, trikd_loss
+from methods.layers.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip
+from methods.layers.optim import param_groups
 from methods.registry import register
-from methods.translation import (
+from methods.layers.translation import (
     MTEEnhancement,
     TranslationDecoder,
     clip_gradient_norm,

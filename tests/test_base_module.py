@@ -14,9 +14,9 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 import metrics
-from methods.base import RetrievalModule, Stage
-from methods.contrastive import LearnableTemperature, info_nce
-from methods.optim import param_groups, warmup_cosine
+from methods.layers.base import RetrievalModule, Stage
+from methods.layers.contrastive import LearnableTemperature, info_nce
+from methods.layers.optim import param_groups, warmup_cosine
 
 N_IMAGES, CAPTIONS_PER_IMAGE, LENGTH, VOCAB = 6, 2, 5, 30
 OPTIM = OmegaConf.create(

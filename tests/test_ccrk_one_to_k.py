@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from methods.one_to_k import one_to_k_i2t, one_to_k_terms, positive_mask
+from methods.layers.one_to_k import one_to_k_i2t, one_to_k_terms, positive_mask
 
 
 def kcl(image, text, tau, **kwargs):

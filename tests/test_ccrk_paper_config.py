@@ -9,7 +9,7 @@ from test_ccrk_module import EVALUATION, OPTIM, VOCAB, Info, training_batch
 from transformers import AutoConfig, AutoModel
 
 from methods.ccrk import CCRk
-from methods.fusion_init import fusion_from_hf_layers
+from methods.layers.fusion_init import fusion_from_hf_layers
 
 PAPER = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "ccrk_paper.yaml"
 TINY_XLMR = {"model_type": "xlm-roberta", "vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 24,

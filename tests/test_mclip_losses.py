@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from methods.contrastive import info_nce
-from methods.distillation import clamped_logit_scale, fixed_ttc_temperature, trikd_loss
-from methods.translation import (
+from methods.layers.contrastive import info_nce
+from methods.layers.distillation import clamped_logit_scale, fixed_ttc_temperature, trikd_loss
+from methods.layers.translation import (
     TranslationDecoder,
     contrastive_translation_loss,
     masked_mean,

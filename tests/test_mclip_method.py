@@ -9,9 +9,9 @@ import torch
 from omegaconf import OmegaConf
 
 from datamodules.datamodule import DataInfo
-from methods.contrastive import info_nce
+from methods.layers.contrastive import info_nce
 from methods.mclip import MCLIP, XProjector, selected_stages
-from methods.translation import inverse_sqrt_factor
+from methods.layers.translation import inverse_sqrt_factor
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 DATA = DataInfo(languages=["en", "xx"], vocab_size=40, pad_token_id=0, cls_token_id=1, eos_token_id=2,

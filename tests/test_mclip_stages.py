@@ -9,7 +9,7 @@ from omegaconf import OmegaConf
 from test_mclip_method import BASE, DATA, caption_ids, image_batch, method_config, snapshot
 
 from methods.mclip import MCLIP, ClipBaselineTeacher, OpenClipTeacher, build_mte_stage
-from methods.translation import mte_embeddings
+from methods.layers.translation import mte_embeddings
 
 
 def parallel_batch(n=6, seed=0, src="en", tgt="xx"):
@@ -68,7 +68,7 @@ def test_stage_1b_contrastive_term_is_weighted_by_two():
     joint_loss = module.training_step(batch, 0)
     module.joint = False
     nmt_only = module.training_step(batch, 0)
-    from methods.translation import contrastive_translation_loss
+    from methods.layers.translation import contrastive_translation_loss
 
     src = module.mte(batch["src_input_ids"], batch["src_attention_mask"])
     tgt = module.mte(batch["tgt_input_ids"], batch["tgt_attention_mask"])

@@ -3,7 +3,7 @@
 import pytest
 
 import methods
-from methods.base import RetrievalModule
+from methods.layers.base import RetrievalModule
 from methods.clip import CLIPModule
 from methods.registry import register
 

@@ -8,7 +8,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from methods.distributed import gather_with_grad, rank
+from methods.layers.distributed import gather_with_grad, rank
 
 
 class LearnableTemperature(nn.Module):

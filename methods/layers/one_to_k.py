@@ -24,7 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from methods.distributed import gather_with_grad, rank
+from methods.layers.distributed import gather_with_grad, rank
 
 WEIGHTINGS = ("paper", "reference")
 

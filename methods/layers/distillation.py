@@ -4,7 +4,7 @@ TriKD aligns a student text encoder with a frozen image-text teacher through two
 terms: image <-> student text (ITC, learnable temperature) and teacher text <-> student text (TTC,
 fixed temperature). There is no regression onto teacher vectors: "distillation" is contrastive.
 Every function takes L2-normalised features; rows with the same index are the positive pairs, and
-the negatives come from the global batch (`methods.contrastive.info_nce`).
+the negatives come from the global batch (`methods.layers.contrastive.info_nce`).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from torch import Tensor, nn
 
-from methods.contrastive import info_nce
+from methods.layers.contrastive import info_nce
 
 
 def clamped_logit_scale(logit_scale: Tensor, max_scale: float = 100.0) -> Tensor:

@@ -23,7 +23,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
 import metrics
-from methods.optim import param_groups, warmup_cosine
+from methods.layers.optim import param_groups, warmup_cosine
 
 if TYPE_CHECKING:
     from datamodules.datamodule import CCRDataModule

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from methods.contrastive import info_nce
-from methods.distillation import freeze
-from methods.encoders import TextEncoder
+from methods.layers.contrastive import info_nce
+from methods.layers.distillation import freeze
+from methods.layers.encoders import TextEncoder
 
 
 def masked_mean(states: Tensor, mask: Tensor) -> Tensor:

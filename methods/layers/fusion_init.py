@@ -12,7 +12,7 @@ from collections.abc import Sequence
 import torch
 from torch import nn
 
-from methods.fusion import FusionEncoder, FusionLayer
+from methods.layers.fusion import FusionEncoder, FusionLayer
 
 
 @torch.no_grad()
