@@ -11,12 +11,13 @@ from metrics.classes import (
 )
 from metrics.functional import mean_rank_variance
 from metrics.graded import graded_ndcg
+from metrics.protocol import METRIC_PROTOCOL
 from metrics.ranks import best_positive_rank, paired_ranks, rank_and_ndcg
 from metrics.report import retrieval_report
 from metrics.reranking import Reranker
 
 __all__ = [
-    "MeanNDCG", "MeanRank", "MeanRankVariance", "MeanReciprocalRank", "MedianRank", "RecallAtK",
+    "METRIC_PROTOCOL", "MeanNDCG", "MeanRank", "MeanRankVariance", "MeanReciprocalRank", "MedianRank", "RecallAtK",
     "Reranker", "best_positive_rank", "graded_ndcg", "mean_rank_variance", "paired_ranks",
     "rank_and_ndcg", "ranks", "retrieval_report",
 ]
