@@ -66,6 +66,7 @@ class EvalView:
     tokenizer: Tokenizer = field(repr=False)
     max_length: int = field(repr=False)
     num_workers: int = field(repr=False)
+    mrv_languages: list[str] | None = None  # data.mrv_languages: MRV's languages (None: all)
 
     def image_loader(self, batch_size: int) -> DataLoader:
         """Batches ``{"images": [b,3,H,W], "index": [b]}`` in order."""
@@ -272,6 +273,8 @@ class CCRDataModule(L.LightningDataModule):
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,
                 num_workers=int(self.cfg.num_workers),
+                mrv_languages=None if self.cfg.get("mrv_languages") is None
+                else [str(lang) for lang in self.cfg.mrv_languages],
             )
         return self._views[role]
 

@@ -1,6 +1,7 @@
 """Retrieval metrics of CCR Suite: one chunked rank engine and everything derived from ranks."""
 
 from metrics import ranks
+from metrics.evaluation import RetrievalEvaluation
 from metrics.classes import (
     MeanNDCG,
     MeanRank,
