@@ -12,9 +12,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from . import synthetic
 from .datasets import (
@@ -49,6 +50,62 @@ class DataInfo:
     max_length: int
     image_size: int
     num_objects: int
+
+
+class SeededItems(Dataset):
+    """A dataset whose item ``(epoch, index)`` is drawn with torch's RNG seeded by (seed, epoch,
+    index): the random choices inside an item (e.g. which caption) depend on nothing else, not
+    on the worker that loads it nor on what ran before, so a resumed run sees the same batches."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self.seed * 1_000_003 + epoch) * 1_000_033 + index)
+            return self.dataset[index]
+
+
+class EpochSampler(DistributedSampler):
+    """Training order: a permutation seeded by (seed, epoch), sharded over processes as
+    ``DistributedSampler`` does (Lightning keeps it and calls ``set_epoch``), yielding
+    ``(epoch, index)`` keys for :class:`SeededItems`. ``resume`` skips the items a checkpointed
+    run had already trained on in that epoch."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        distributed = dist.is_available() and dist.is_initialized()
+        super().__init__(
+            dataset,
+            num_replicas=dist.get_world_size() if distributed else 1,
+            rank=dist.get_rank() if distributed else 0,
+            shuffle=True,
+            seed=seed,
+        )
+        self._resume: tuple[int, int] | None = None
+
+    def resume(self, epoch: int, items_done: int) -> None:
+        self._resume = (epoch, items_done)
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        if self._resume is not None:
+            epoch, done = self._resume
+            self._resume = None
+            if epoch == self.epoch:
+                indices = indices[done:]
+        return iter([(self.epoch, index) for index in indices])
+
+
+def training_loader(dataset: Dataset, seed: int, **kwargs) -> DataLoader:
+    """A loader over ``dataset`` in :class:`EpochSampler` order with seeded items; its own
+    generator keeps worker seeding from drawing on the global RNG."""
+    items = SeededItems(dataset, seed)
+    return DataLoader(items, sampler=EpochSampler(items, seed),
+                      generator=torch.Generator().manual_seed(seed), **kwargs)
 
 
 @dataclass
@@ -86,6 +143,7 @@ class EvalView:
             shuffle=False,
             num_workers=self.num_workers,
             collate_fn=collate,
+            generator=torch.Generator(),  # leaves the global RNG (training's dropout) untouched
         )
 
 
@@ -232,10 +290,10 @@ class CCRDataModule(L.LightningDataModule):
         collate = TrainCollate(
             self.tokenizer, self.info.max_length, languages, len(self._labels), with_alignment
         )
-        return DataLoader(
+        return training_loader(
             dataset,
+            self.seed,
             batch_size=int(self.cfg.batch_size),
-            shuffle=True,
             drop_last=True,
             num_workers=int(self.cfg.num_workers),
             persistent_workers=int(self.cfg.num_workers) > 0,
@@ -307,10 +365,10 @@ class CCRDataModule(L.LightningDataModule):
         dataset = ParallelBatches.from_records(
             records, list(pairs), int(self.cfg.batch_size), self.seed
         )
-        return DataLoader(
+        return training_loader(
             dataset,
+            self.seed,
             batch_size=None,
-            shuffle=True,
             num_workers=int(self.cfg.num_workers),
             collate_fn=ParallelCollate(self.tokenizer, self.info.max_length),
         )

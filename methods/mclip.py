@@ -185,7 +185,8 @@ def build_mte_stage(method, optim, data, evaluation, joint: bool) -> MTEEnhancem
 
 
 def load_state(path: Path) -> dict[str, Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    """A stage checkpoint's weights (loaded weights-only: no pickled code runs)."""
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
 def load_prefixed(module: nn.Module, state: Mapping[str, Tensor], prefix: str) -> None:
@@ -309,10 +310,11 @@ class MCLIP(RetrievalModule):
                 build = build_teacher_stage if name == "teacher" else build_trikd
                 return Stage(name, build,
                              lambda dm: dm.train_dataloader(languages=list(cfg.languages)),
-                             cfg.max_steps)
+                             cfg.max_steps, f"method.{name}.max_steps")
             joint = name == "mte_ctl"
-            steps = (method.translation.ctl if joint else method.translation.nmt).max_steps
+            part = "ctl" if joint else "nmt"
             return Stage(name, partial(build_mte_stage_from, joint, name),
-                         lambda dm: dm.parallel_dataloader(), steps)
+                         lambda dm: dm.parallel_dataloader(),
+                         method.translation[part].max_steps, f"method.translation.{part}.max_steps")
 
         return [stage(name) for name in names]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from PIL import Image
-from torch.utils.data import RandomSampler
+from datamodules.datamodule import EpochSampler
 
 from datamodules.datamodule import CCRDataModule
 
@@ -55,7 +55,7 @@ def test_info_after_setup(dm, tmp_path):
 def test_training_batch_shapes_and_dtypes(dm):
     loader = dm.train_dataloader()
     # shuffled and drop_last: under DDP Lightning swaps in its DistributedSampler
-    assert loader.drop_last and isinstance(loader.sampler, RandomSampler)
+    assert loader.drop_last and isinstance(loader.sampler, EpochSampler)
     batch = next(iter(loader))
     assert batch["images"].shape == (8, 3, 32, 32) and batch["images"].dtype == torch.float32
     assert batch["input_ids"].shape == batch["attention_mask"].shape == (8, 6, 40)
@@ -140,7 +140,7 @@ def test_val_and_test_loaders_are_image_then_caption_loaders(dm):
 
 def test_parallel_view_pairs_translations_one_pair_per_batch(dm):
     loader = dm.parallel_dataloader()
-    dataset = loader.dataset
+    dataset = loader.dataset.dataset  # SeededItems wraps the ParallelBatches
     strict = [r for r in dm.records("train") if r.extras["alignment"] == "strict"]
     weak = [r for r in dm.records("train") if r.extras["alignment"] == "weak"]
     assert weak and strict

@@ -34,12 +34,14 @@ EVAL_SIDES = ("images", "captions")  # evaluation dataloaders, in order: [image_
 @dataclass
 class Stage:
     """One training stage: how to build its module (from the previous stage's checkpoint, None for
-    the first), which loader trains it, and an optional step budget (None: the trainer preset's)."""
+    the first), which loader trains it, and an optional step budget (None: the trainer preset's)
+    with the config key that sets it (shown to the user, e.g. ``method.trikd.max_steps``)."""
 
     name: str
     build: Callable[[Path | None], L.LightningModule]
     dataloader: Callable[["CCRDataModule"], DataLoader]
     max_steps: int | None = None
+    budget_key: str | None = None
 
 
 class RetrievalModule(L.LightningModule):
