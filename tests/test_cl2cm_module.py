@@ -5,11 +5,9 @@ paper preset's architecture built from tiny local models."""
 
 from dataclasses import dataclass
 
-import open_clip
 import pytest
 import torch
 import torch.nn.functional as F
-from transformers import BertConfig, BertModel
 
 import methods
 import methods.cl2cm as cl2cm_module
@@ -249,6 +247,9 @@ TINY_BERT = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "nu
 
 
 def test_paper_preset_architecture_from_tiny_local_models_takes_a_step(tmp_path):
+    import open_clip
+    from transformers import BertConfig, BertModel
+
     paper = compose(["method=cl2cm_paper"]).method
     assert paper.image_encoder.name == "open_clip:ViT-B-32" and paper.image_encoder.pretrained == "openai"
     assert paper.text_encoder.name == "hf:bert-base-multilingual-cased" and paper.embed_dim == 512
