@@ -98,7 +98,7 @@ def build_world(root: str | Path, knobs: WorldKnobs) -> Path:
         write_records(staging / f"{split}.jsonl", records)
     (staging / "world.json").write_text(
         json.dumps(
-            {"knobs": asdict(knobs), "languages": grammars.available()}, indent=1, sort_keys=True
+            {"knobs": asdict(knobs), "languages": grammars.available()}, indent=1, sort_keys=True, allow_nan=False
         )
     )
     try:
