@@ -88,6 +88,9 @@ class EpochSampler(DistributedSampler):
         self._resume: tuple[int, int] | None = None
 
     def resume(self, epoch: int, items_done: int) -> None:
+        # Lightning does not call ``set_epoch`` before the first iteration of a run restarted
+        # mid-epoch, so the epoch it resumes in is set here: its permutation, not epoch 0's.
+        self.set_epoch(epoch)
         self._resume = (epoch, items_done)
 
     def __iter__(self):

@@ -225,3 +225,16 @@ def test_a_reader_dataset_through_the_same_path(tmp_path):
     assert module.eval_view("val").relevance is None
     with pytest.raises(ValueError, match="has no test split"):
         module.eval_view("test")
+
+
+def test_a_sampler_resumed_in_a_later_epoch_continues_that_epochs_order():
+    """Lightning restarts a mid-epoch run without calling ``set_epoch``: the resumed sampler must
+    still yield the rest of the epoch it stopped in, not epoch 0's order."""
+    data = list(range(24))
+    whole = EpochSampler(data, seed=3)
+    whole.set_epoch(2)
+    expected = list(whole)[8:]
+    resumed = EpochSampler(data, seed=3)
+    resumed.resume(2, 8)
+    assert list(resumed) == expected
+    assert all(epoch == 2 for epoch, _ in expected)

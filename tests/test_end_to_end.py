@@ -77,7 +77,8 @@ def uninterrupted(world, tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("signal_name, at_batch, resumed_step", [
     ("KILL", 6, 4),
-    pytest.param("INT", 10, 8, marks=pytest.mark.xfail(reason="SIGINT resume not yet exact: open")),
+    ("INT", 10, 8),
+    ("KILL", 10, 8),
 ])
 def test_interrupted_run_resumes_exactly(signal_name, at_batch, resumed_step, world, tmp_path,
                                          uninterrupted):
