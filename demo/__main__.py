@@ -45,9 +45,12 @@ def parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
 
 def _main(args: list[str]) -> None:
     options, overrides = parse(args)
+    ckpt = Path(options["ckpt"])
+    if not ckpt.is_file():
+        raise ConfigError(f"checkpoint {ckpt} does not exist")
     if importlib.util.find_spec("gradio") is None:
         raise ConfigError("the demo needs the demo extra: pip install -e '.[demo]' (gradio is not installed)")
-    index = load_index(Path(options["ckpt"]), options["split"], overrides)
+    index = load_index(ckpt, options["split"], overrides)
     from demo.app import build_app, launch  # after the checkpoint checks: importing gradio is slow
 
     app = build_app(index, int(options["k"]), options["query"])

@@ -31,6 +31,7 @@ TINY_WORLD = [
     "data.languages=[en,de,ja]",
 ]
 CLIENT_TIMEOUT_S = 60
+MISSING_EXTRA = "the demo extra is not installed (pip install -e '.[demo]')"
 START_TIMEOUT_S = 120  # python -m demo: imports, encoding the split, starting the server
 REPO = Path(__file__).resolve().parents[1]
 
@@ -201,6 +202,19 @@ def test_cli_errors_are_one_line_with_status_2(args, message, capsys):
     assert error.startswith("error: ") and message in error and "\n" not in error
 
 
+def test_without_the_demo_extra_the_command_says_how_to_install_it(tmp_path, monkeypatch, capsys):
+    import demo.__main__ as command
+
+    real_find_spec = command.importlib.util.find_spec
+    monkeypatch.setattr(command.importlib.util, "find_spec",
+                        lambda name, *rest: None if name == "gradio" else real_find_spec(name, *rest))
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_bytes(b"")
+    with pytest.raises(SystemExit):
+        command.main([f"ckpt={ckpt}"])
+    assert "the demo needs the demo extra: pip install -e '.[demo]'" in capsys.readouterr().err
+
+
 # ---- the Gradio app ------------------------------------------------------------------------------
 
 def free_port() -> int:
@@ -212,7 +226,7 @@ def free_port() -> int:
 @pytest.fixture
 def served(index):
     """(URL of the app over ``index`` on 127.0.0.1, the index); the server is closed afterwards."""
-    pytest.importorskip("gradio", reason="the demo extra is not installed (pip install -e '.[demo]')")
+    pytest.importorskip("gradio", reason=MISSING_EXTRA)
     from demo.app import build_app, launch
 
     app = build_app(index, k=3, query=index.captions[0])
@@ -228,7 +242,7 @@ def served(index):
 
 @pytest.mark.slow
 def test_gradio_client_gets_the_index_numbers(served, tmp_path):
-    client_module = pytest.importorskip("gradio_client", reason="the demo extra is not installed")
+    client_module = pytest.importorskip("gradio_client", reason=MISSING_EXTRA)
     url, index = served
     assert url.startswith("http://127.0.0.1:")
     client = client_module.Client(url, verbose=False, download_files=str(tmp_path),
@@ -277,7 +291,7 @@ def wait_until_served(url: str, process: subprocess.Popen, deadline: float) -> N
 @pytest.mark.slow
 def test_the_command_serves_the_checkpoint_on_localhost(run, index, tmp_path):
     """``make demo CKPT=...`` runs ``python -m demo ckpt=...``: it serves the same ranks."""
-    client_module = pytest.importorskip("gradio_client", reason="the demo extra is not installed")
+    client_module = pytest.importorskip("gradio_client", reason=MISSING_EXTRA)
     port = free_port()
     process = subprocess.Popen(
         [sys.executable, "-m", "demo", f"ckpt={run[1]}", f"port={port}", "k=3"], cwd=REPO,
