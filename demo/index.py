@@ -76,13 +76,16 @@ class RetrievalIndex:
     encode_queries: Callable[[list[str]], Tensor]
     chunk_size: int = 1024
 
-    def image_ranks(self, query_emb: Tensor) -> Tensor:
-        """Expected 0-based rank [N] of every image for one query embedding [D], by the rank engine:
-        row j asks where image j lands among all images for this query."""
+    def image_scores(self, query_emb: Tensor) -> Tensor:
+        """Similarity [N] of every image to one query embedding [D]."""
+        return (self.image_emb @ query_emb[:, None]).squeeze(1)
+
+    def image_ranks(self, scores: Tensor) -> Tensor:
+        """Expected 0-based rank [N] of every image for one query's ``scores`` [N], by the rank
+        engine: row j asks where image j lands among all images for this query."""
         count = len(self.image_ids)
-        scores = (self.image_emb @ query_emb[:, None]).T.expand(count, count)
         everyone = torch.arange(count)
-        return best_positive_rank(None, None, everyone, everyone, scores=scores,
+        return best_positive_rank(None, None, everyone, everyone, scores=scores[None].expand(count, count),
                                   chunk_size=self.chunk_size, direction="t2i")
 
     def search(self, text: str, k: int) -> list[Hit]:
@@ -91,9 +94,8 @@ class RetrievalIndex:
             raise ValueError("demo: type a query")
         if not 1 <= k <= len(self.image_ids):
             raise ValueError(f"demo: k must be between 1 and {len(self.image_ids)}, got {k}")
-        query = self.encode_queries([text])[0]
-        ranks = self.image_ranks(query)
-        scores = self.image_emb @ query
+        scores = self.image_scores(self.encode_queries([text])[0])
+        ranks = self.image_ranks(scores)
         order = torch.argsort(ranks, stable=True)[:k].tolist()
         return [Hit(float(ranks[i]) + 1.0, i, self.image_ids[i], self.image_paths[i], float(scores[i]))
                 for i in order]

@@ -93,7 +93,7 @@ def test_search_ranks_every_image_as_a_dense_ranking_does(index):
     count = len(index.image_ids)
     for caption in range(0, len(index.captions), 7):
         text = index.captions[caption]
-        scores = index.image_emb @ index.encode_queries([text])[0]
+        scores = index.image_scores(index.encode_queries([text])[0])
         hits = index.search(text, count)
         assert sorted(hit.image for hit in hits) == list(range(count))
         for hit in hits:
