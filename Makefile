@@ -10,9 +10,10 @@ SEEDS  ?= 0 1 2
 ARGS   ?=
 RUNS   ?= runs
 OUT    ?=
+EXTRAS ?= dev,demo
 LEADERBOARD = $(PY) -m experiments.leaderboard --runs $(RUNS) $(if $(OUT),--out $(OUT))
 
-.PHONY: setup train eval leaderboard compare test bench clean
+.PHONY: setup train eval leaderboard compare demo test bench clean
 
 setup: $(STAMP)
 
@@ -20,7 +21,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e ".[dev]"
+	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 train: $(STAMP)
@@ -37,6 +38,11 @@ leaderboard: $(STAMP)
 compare: $(STAMP)
 	$(PY) -m experiments.compare --seeds $(SEEDS) --data $(DATA) $(ARGS)
 	$(LEADERBOARD)
+
+# Serves the checkpoint's test images on http://127.0.0.1:7860 (ARGS: port=, host=, split=val, k=, query=).
+demo: $(STAMP)
+	@test -n "$(CKPT)" || { echo "usage: make demo CKPT=runs/.../checkpoints/last.ckpt [ARGS=...]"; exit 2; }
+	$(PY) -m demo ckpt=$(CKPT) $(ARGS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2
