@@ -103,7 +103,7 @@ class OpenClipEncoder:
 
         if spec.name.startswith("local-dir:"):
             folder = Path(spec.name.removeprefix("local-dir:"))
-            if not any(folder.glob(p) for p in ("*.safetensors", "*.bin", "*.pth")):
+            if not any(any(folder.glob(p)) for p in ("*.safetensors", "*.bin", "*.pth")):
                 raise ConfigError(f"{folder} holds no open_clip weights (*.safetensors, *.bin, "
                                   "*.pth); open_clip would build random weights")
         self.model, _, self.transform = open_clip.create_model_and_transforms(
@@ -141,8 +141,12 @@ class HfEncoder:
                               "dual encoder (no get_image_features / get_text_features)")
         self.processor = AutoImageProcessor.from_pretrained(spec.name)
         self.tokenizer = AutoTokenizer.from_pretrained(spec.name)
-        # SigLIP was trained on captions padded to full length; CLIP-style models pad to the batch.
-        self.padding = "max_length" if "siglip" in self.model.config.model_type else True
+        # Every caption is padded to the full length: its embedding then does not depend on the
+        # batch it lands in (equal captions get equal embeddings, so their ties stay ties), and
+        # SigLIP was trained that way.
+        text_config = getattr(self.model.config, "text_config", self.model.config)
+        limits = [self.tokenizer.model_max_length, getattr(text_config, "max_position_embeddings", None)]
+        self.max_length = min(n for n in limits if isinstance(n, int) and 0 < n < 100_000)
         self.device = device
 
     def preprocess(self, images: list[Image.Image]) -> Tensor:
@@ -152,7 +156,8 @@ class HfEncoder:
         return F.normalize(_features(self.model.get_image_features(pixel_values=pixels.to(self.device))), dim=-1)
 
     def encode_texts(self, texts: list[str], language: str) -> Tensor:
-        batch = self.tokenizer(texts, padding=self.padding, truncation=True, return_tensors="pt")
+        batch = self.tokenizer(texts, padding="max_length", truncation=True, max_length=self.max_length,
+                               return_tensors="pt")
         inputs = {k: batch[k].to(self.device) for k in ("input_ids", "attention_mask") if k in batch}
         return F.normalize(_features(self.model.get_text_features(**inputs)), dim=-1)
 
