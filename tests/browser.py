@@ -13,6 +13,7 @@ is needed. API for every test that renders a page:
 from __future__ import annotations
 
 import base64
+import fcntl
 import json
 import os
 import select
@@ -114,6 +115,15 @@ def _errors(events: list[dict]) -> list[str]:
     return errors
 
 
+def _high_pipe() -> tuple[int, int]:
+    """A pipe whose ends are numbered 10 or more, so moving them to 3 and 4 clobbers neither."""
+    ends = os.pipe()
+    high = tuple(fcntl.fcntl(end, fcntl.F_DUPFD_CLOEXEC, 10) for end in ends)
+    for end in ends:
+        os.close(end)
+    return high
+
+
 def render(url_or_file: str | Path, screenshot: Path | None = None, *, wait_s: float = 0.5,
            timeout_s: float = 60.0, width: int = 1280) -> list[str]:
     """Open a URL (or a local file) in headless Chromium; return its console errors.
@@ -127,17 +137,18 @@ def render(url_or_file: str | Path, screenshot: Path | None = None, *, wait_s: f
     url = str(url_or_file)
     if "://" not in url:
         url = Path(url).resolve().as_uri()
-    to_browser_r, to_browser_w = os.pipe()
-    from_browser_r, from_browser_w = os.pipe()
+    to_browser_r, to_browser_w = _high_pipe()
+    from_browser_r, from_browser_w = _high_pipe()
     profile = tempfile.mkdtemp(prefix="chromium-profile-")
+    log = open(Path(profile) / "chromium.log", "w+b")  # noqa: SIM115 (closed in finally)
 
-    # Chromium reads commands on fd 3 and writes replies on fd 4: the shell moves the pipes there.
+    # Chromium reads commands on fd 3 and writes replies on fd 4: bash moves the pipes there.
     command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
                "--no-first-run", "--remote-debugging-pipe", f"--user-data-dir={profile}",
                f"--window-size={width},900", "about:blank"]
     process = subprocess.Popen(
-        ["sh", "-c", f'exec "$@" 3<&{to_browser_r} 4>&{from_browser_w}', "sh", *command],
-        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, pass_fds=(to_browser_r, from_browser_w),
+        ["bash", "-c", f'exec "$@" 3<&{to_browser_r} 4>&{from_browser_w}', "bash", *command],
+        stdout=subprocess.DEVNULL, stderr=log, pass_fds=(to_browser_r, from_browser_w),
     )
     os.close(to_browser_r)
     os.close(from_browser_w)
@@ -156,6 +167,11 @@ def render(url_or_file: str | Path, screenshot: Path | None = None, *, wait_s: f
                              clip={"x": 0, "y": 0, "width": width, "height": size["height"], "scale": 1})
             Path(screenshot).write_bytes(base64.b64decode(shot["data"]))
         return _errors(pipe.events)
+    except (RuntimeError, TimeoutError) as err:
+        log.seek(0)
+        lines = [line for line in log.read().decode(errors="replace").splitlines()
+                 if line.strip() and "dbus" not in line]
+        raise RuntimeError(f"{err} (chromium's last log line: {lines[-1] if lines else 'none'})") from None
     finally:
         try:
             pipe.send("Browser.close")
@@ -165,4 +181,5 @@ def render(url_or_file: str | Path, screenshot: Path | None = None, *, wait_s: f
         process.wait()
         os.close(to_browser_w)
         os.close(from_browser_r)
+        log.close()
         shutil.rmtree(profile, ignore_errors=True)

@@ -53,8 +53,8 @@ def _main(args: list[str]) -> None:
     build_report([Path(p) for p in options.run.split(",") if p], options.out, options.top)
 
 
-def main() -> None:
-    cli.run(_main)
+def main(argv: list[str] | None = None) -> None:
+    cli.run(_main, argv)
 
 
 if __name__ == "__main__":
