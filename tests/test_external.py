@@ -43,7 +43,7 @@ def world_overrides(world, runs):
 
 
 def score(model, world, runs, *extra):
-    external.main([f"model={model}", *world_overrides(world, runs), *extra])
+    external.main([f"model={model}", "device=cpu", *world_overrides(world, runs), *extra])
     (folder,) = [p.parent for p in Path(runs).rglob("metrics.json")]
     return folder, json.loads((folder / "metrics.json").read_text())
 
@@ -221,7 +221,7 @@ def test_non_finite_embeddings_write_no_row(world, open_clip_dir, tmp_path, caps
 def test_the_same_model_scored_twice_is_one_row(world, open_clip_dir, tmp_path):
     runs = tmp_path / "runs"
     for _ in range(2):
-        external.main([f"model=open_clip:local-dir:{open_clip_dir}", *world_overrides(world, runs)])
+        external.main([f"model=open_clip:local-dir:{open_clip_dir}", "device=cpu", *world_overrides(world, runs)])
     folders = sorted(p.parent for p in runs.rglob("metrics.json"))
     assert len(folders) == 2
     (row,) = leaderboard.aggregate(leaderboard.load_results(runs))

@@ -36,7 +36,7 @@ def runs(tmp_path_factory):
     open_clip_dir = save_tiny_open_clip(models / "oc")
     hf_dir = save_tiny_hf_clip(models / "hf", ["a red square", "ein grüner Kreis", "左に赤い四角"] * 4)
     for name, model in (("open_clip", f"open_clip:local-dir:{open_clip_dir}"), ("hf", f"hf:{hf_dir}")):
-        external.main([f"model={model}", f"run_dir={base / name}", *common])
+        external.main([f"model={model}", "device=cpu", f"run_dir={base / name}", *common])
         (folders[name],) = [p.parent for p in (base / name).rglob("metrics.json")]
     folders["common"] = common
     folders["base"] = base
@@ -150,7 +150,8 @@ def test_two_runs_side_by_side_list_where_they_disagree_most(runs, tmp_path):
 def test_runs_on_different_captions_are_not_compared(runs, tmp_path, capsys):
     other = tmp_path / "other"
     model = json.loads((runs["open_clip"] / "metrics.json").read_text())["method"]
-    external.main([f"model={model}", f"run_dir={other}", *runs["common"], "data.languages=[en,de]"])
+    external.main([f"model={model}", "device=cpu", f"run_dir={other}", *runs["common"],
+                   "data.languages=[en,de]"])
     (folder,) = [p.parent for p in other.rglob("metrics.json")]
     with pytest.raises(SystemExit) as exit_info:
         report_main(["--run", f"{runs['open_clip']},{folder}", "--out", str(tmp_path / "out")])
@@ -212,3 +213,22 @@ def test_the_browser_helper_reports_console_errors(tmp_path):
     assert any("boom" in e for e in errors)
     assert any("missing_function is not defined" in e for e in errors)
     assert any("absent.png" in e for e in errors)
+
+
+def test_spread_uses_only_the_mrv_languages(runs, tmp_path):
+    """With data.mrv_languages a subset (as xFlickr&CO's en de ja zh of 8), the spread and the
+    listed images use only those languages, and the means still equal the metrics' MRV."""
+    model = json.loads((runs["open_clip"] / "metrics.json").read_text())["method"]
+    external.main([f"model={model}", "device=cpu", f"run_dir={tmp_path / 'runs'}", *runs["common"],
+                   "data.mrv_languages=[en,ja]"])
+    (folder,) = [p.parent for p in (tmp_path / "runs").rglob("metrics.json")]
+    page = build_report([folder], tmp_path / "out", top=TOP).read_text()
+    evaluated = EvaluatedSet.load(folder / EMBEDDINGS)
+    record = json.loads((folder / "metrics.json").read_text())
+    i2t, t2i = brute_force_ranks(evaluated)
+    columns = [LANGUAGES.index("en"), LANGUAGES.index("ja")]
+    combined = (spread(i2t, columns) + spread(t2i, columns)) / 2
+    assert listed_ids(page, "inconsistent-0") == top_by(list(combined), evaluated.image_ids, TOP)
+    assert np.nanmean(combined) == pytest.approx(record["metrics"]["all/MRV"], abs=1e-9)
+    everything = (spread(i2t, [0, 1, 2]) + spread(t2i, [0, 1, 2])) / 2
+    assert top_by(list(everything), evaluated.image_ids, TOP) != listed_ids(page, "inconsistent-0")
