@@ -12,7 +12,8 @@ def grouped_bars(groups: list[str], series: list[tuple[str, list[float | None]]]
     """Bars for each group (x axis), one bar per series; ``None`` draws no bar. Returns ``<svg>``."""
     values = [v for _, vs in series for v in vs if v is not None]
     top = y_max if y_max is not None else (max(values) if values else 1.0) or 1.0
-    bar, gap, left, bottom, height = 18, 14, 56, 44, 220
+    slanted = len(groups) > 8  # long axis labels would overlap: tilt them
+    bar, gap, left, bottom, height = 18, 14, 56, (80 if slanted else 44), 220
     group_width = bar * len(series) + gap
     width = left + group_width * len(groups) + 20
     legend_height = 18 * len(series)
@@ -43,8 +44,10 @@ def grouped_bars(groups: list[str], series: list[tuple[str, list[float | None]]]
             if len(groups) * len(series) <= 40:
                 parts.append(f'<text x="{x + (bar - 2) / 2:.1f}" y="{y - 3:.1f}" text-anchor="middle" '
                              f'font-size="9">{value_format.format(value)}</text>')
-        parts.append(f'<text x="{x_group + bar * len(series) / 2:.1f}" y="{y0 + height + 14}" '
-                     f'text-anchor="middle">{escape(group)}</text>')
+        x_label, y_label_at = x_group + bar * len(series) / 2, y0 + height + 14
+        turn = f' transform="rotate(-35 {x_label:.1f} {y_label_at})"' if slanted else ""
+        parts.append(f'<text x="{x_label:.1f}" y="{y_label_at}" text-anchor="{"end" if slanted else "middle"}"'
+                     f'{turn}>{escape(group)}</text>')
     for s, (name, _) in enumerate(series):
         y = y0 + height + bottom + 18 * s
         parts.append(f'<rect x="{left}" y="{y - 9}" width="10" height="10" fill="{PALETTE[s % len(PALETTE)]}"/>')
