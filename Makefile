@@ -13,7 +13,7 @@ OUT    ?=
 EXTRAS ?= dev,demo
 LEADERBOARD = $(PY) -m experiments.leaderboard --runs $(RUNS) $(if $(OUT),--out $(OUT))
 
-.PHONY: setup train eval leaderboard compare demo test bench clean
+.PHONY: setup train eval report leaderboard compare demo test bench clean
 
 setup: $(STAMP)
 
@@ -27,9 +27,16 @@ $(STAMP): pyproject.toml
 train: $(STAMP)
 	$(PY) -m experiments.train method=$(METHOD) data=$(DATA) trainer=$(TRAINER) $(ARGS)
 
+# CKPT=<checkpoint>: re-evaluate a trained run. MODEL=open_clip:<arch> PRETRAINED=<tag> or
+# MODEL=hf:<name or path>: score a pretrained model zero-shot on DATA (an external leaderboard row).
 eval: $(STAMP)
-	@test -n "$(CKPT)" || { echo "usage: make eval CKPT=runs/.../checkpoints/last.ckpt [ARGS=...]"; exit 2; }
-	$(PY) -m experiments.evaluate ckpt=$(CKPT) $(ARGS)
+	@test -n "$(CKPT)$(MODEL)" || { echo "usage: make eval CKPT=runs/.../checkpoints/last.ckpt | MODEL=open_clip:<arch> PRETRAINED=<tag> | MODEL=hf:<name> [DATA=...] [ARGS=...]"; exit 2; }
+	$(if $(MODEL),$(PY) -m experiments.external model=$(MODEL) $(if $(PRETRAINED),pretrained=$(PRETRAINED)) data=$(DATA) $(ARGS),$(PY) -m experiments.evaluate ckpt=$(CKPT) $(ARGS))
+
+# RUN=<run folder>[,<run folder>]: the consistency report (HTML + per-instance ranks CSV).
+report: $(STAMP)
+	@test -n "$(RUN)" || { echo "usage: make report RUN=runs/<data>/<method>/<run>[,<other run>] [ARGS=...]"; exit 2; }
+	$(PY) -m experiments.report --run $(RUN) $(ARGS)
 
 # Writes $(RUNS)/leaderboard.{md,csv,png}; OUT=<folder> writes there instead (OUT=. for the committed one).
 leaderboard: $(STAMP)

@@ -5,7 +5,8 @@ A row is one experiment: runs whose configurations are identical except for the 
 shows mean ± std over its seeds (population std, ddof=0; one seed shows ± 0.00). Runs of one
 method whose settings differ are separate rows, each naming the settings that differ; a seed run
 twice is averaged once (its newest run) and the other runs are listed; a row scored under another
-metric protocol than the suite's current one is marked.
+metric protocol than the suite's current one is marked. A pretrained model scored zero-shot by
+``experiments.external`` is a row marked external, naming its library, model and weights tag.
 
 Writes ``leaderboard.md``, ``leaderboard.csv`` (every metric, mean and std) and ``leaderboard.png``
 (mean recall per method and dataset) beside the runs it reads, unless told where (``--out``).
@@ -112,6 +113,7 @@ def aggregate(results: list[dict]) -> list[dict]:
             "seeds": sorted(m["seed"] for m in used),
             "duplicates": duplicates,
             "languages": used[0].get("languages", []),
+            "external": used[0].get("external"),
             "stats": stats,
             "_members": used,
         }
@@ -132,8 +134,24 @@ def _cell(row: dict, name: str, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def external_label(row: dict) -> str:
+    """``external`` or ``external, <weights tag>`` for a pretrained model's row, else empty."""
+    external = row.get("external")
+    if not external:
+        return ""
+    return "external" + (f", {external['pretrained']}" if external.get("pretrained") else "")
+
+
+def _method_cell(row: dict) -> str:
+    marker = external_label(row)
+    return row["method"] + row["mark"] + (f" ({marker})" if marker else "")
+
+
 def _notes(group: list[dict]) -> list[str]:
     notes = []
+    if any(r.get("external") for r in group):
+        notes.append("- (external) a pretrained model scored zero-shot with the suite's metrics "
+                     "(`make eval MODEL=...`), not trained by the suite; the tag names its weights.")
     for r in group:
         for seed, run_ids in r["duplicates"].items():
             notes.append(f"- {r['method']} ({r['settings'] or r['config_fingerprint']}): seed {seed} "
@@ -169,7 +187,7 @@ def to_markdown(rows: list[dict]) -> str:
             per_lang = [
                 f"{_cell(r, f'{lang}/i2t/R@1', 1)} / {_cell(r, f'{lang}/t2i/R@1', 1)}" for lang in languages
             ]
-            cells = [r["method"] + r["mark"], r["protocol"], r["scorer"], r["settings"],
+            cells = [_method_cell(r), r["protocol"], r["scorer"], r["settings"],
                      ",".join(map(str, r["seeds"])), _cell(r, "mR"), *per_lang,
                      _cell(r, "all/MRV_std/i2t"), _cell(r, "all/MRV_std/t2i")]
             out.append("| " + " | ".join(cells) + " |")
@@ -181,7 +199,7 @@ def to_markdown(rows: list[dict]) -> str:
 
 def write_csv(rows: list[dict], path: Path) -> None:
     names = sorted(set().union(*(r["stats"] for r in rows))) if rows else []
-    head = [*FAMILY, "settings", "config_fingerprint", "metric_protocol_version", "seeds",
+    head = [*FAMILY, "external", "settings", "config_fingerprint", "metric_protocol_version", "seeds",
             "duplicate_seed_runs"]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
@@ -191,7 +209,7 @@ def write_csv(rows: list[dict], path: Path) -> None:
             duplicates = "; ".join(f"seed {s}: {' '.join(map(str, ids))}"
                                    for s, ids in r["duplicates"].items())
             values = [v for n in names for v in r["stats"].get(n, ("", ""))]
-            writer.writerow([*(r[k] for k in FAMILY), r["settings"], r["config_fingerprint"],
+            writer.writerow([*(r[k] for k in FAMILY), external_label(r), r["settings"], r["config_fingerprint"],
                              version, " ".join(map(str, r["seeds"])), duplicates, *values])
 
 
@@ -207,7 +225,7 @@ def plot(rows: list[dict], path: Path) -> None:
                              squeeze=False)
     for ax, data in zip(axes[0], datasets):
         group = [r for r in rows if r["data"] == data and "mR" in r["stats"]]
-        labels = [f"{r['method']}{r['mark']}\n{r['protocol']}/{r['scorer']}"
+        labels = [f"{_method_cell(r)}\n{r['protocol']}/{r['scorer']}"
                   + (f"\n{r['settings']}" if r["settings"] else "") for r in group]
         means = [r["stats"]["mR"][0] for r in group]
         stds = [r["stats"]["mR"][1] for r in group]

@@ -1,0 +1,86 @@
+"""``EvaluatedSet``: one scored split as the report needs it (images, captions, embeddings).
+
+An external model's run folder stores it as ``embeddings.pt`` (written by
+``experiments.external``); a trained run's is re-encoded from its checkpoint. The caption order is
+the evaluation view's (language by language, then record order, then caption order), so caption
+``i`` here is caption ``i`` of ``CCRDataModule.eval_view``.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from datamodules.records import Record
+
+EMBEDDINGS = "embeddings.pt"
+
+
+@dataclass
+class EvaluatedSet:
+    """Every image and caption of one split, their embeddings, and what MRV is computed over."""
+
+    image_ids: list[str]
+    image_paths: list[str]
+    captions: list[str]
+    caption_image: Tensor            # [T] long, index into image_ids
+    caption_language: list[str]      # [T]
+    languages: list[str]             # evaluated languages, in configured order
+    mrv_languages: list[str] | None  # data.mrv_languages (None: every evaluated language)
+    image_emb: Tensor | None = None  # [N, D] float32, L2-normalised
+    text_emb: Tensor | None = None   # [T, D]
+
+    @classmethod
+    def from_records(cls, records: list[Record], languages: list[str], image_root: Path,
+                     mrv_languages: list[str] | None) -> "EvaluatedSet":
+        """The split's captions in the evaluation view's order (no embeddings yet)."""
+        present = [lang for lang in languages if any(lang in r.captions for r in records)]
+        captions, caption_image, caption_language = [], [], []
+        for lang in present:
+            for index, record in enumerate(records):
+                for text in record.captions.get(lang, []):
+                    captions.append(text)
+                    caption_image.append(index)
+                    caption_language.append(lang)
+        return cls(
+            image_ids=[r.id for r in records],
+            image_paths=[str(image_root / r.image) for r in records],
+            captions=captions,
+            caption_image=torch.tensor(caption_image, dtype=torch.long),
+            caption_language=caption_language,
+            languages=present,
+            mrv_languages=mrv_languages,
+        )
+
+    def save(self, path: Path) -> None:
+        """Write through a temporary file and a rename (never a truncated file)."""
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        torch.save(asdict(self), staging)
+        staging.replace(path)
+
+    @classmethod
+    def load(cls, path: Path) -> "EvaluatedSet":
+        """Read a saved set (weights-only: no pickled code runs); a foreign file is an error."""
+        try:
+            fields = torch.load(path, map_location="cpu", weights_only=True)
+            evaluated = cls(**fields)
+        except Exception as err:  # torch raises several types for foreign files
+            raise ValueError(f"{path}: not an evaluated set ({type(err).__name__}: "
+                             f"{' '.join(str(err).split())[:160]})") from None
+        if evaluated.image_emb is None or evaluated.text_emb is None:
+            raise ValueError(f"{path}: holds no embeddings")
+        return evaluated
+
+    def same_items(self, other: "EvaluatedSet") -> str | None:
+        """Why two sets cannot be compared instance by instance (None when they can)."""
+        if self.image_ids != other.image_ids:
+            return "their images differ"
+        if self.captions != other.captions or self.caption_language != other.caption_language:
+            return "their captions differ"
+        if not torch.equal(self.caption_image, other.caption_image):
+            return "their captions belong to different images"
+        return None

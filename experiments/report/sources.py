@@ -1,0 +1,107 @@
+"""A run folder as the report reads it: its ``metrics.json`` and its evaluated test set.
+
+An external model's folder holds the embeddings (``embeddings.pt``); a trained run's are encoded
+again from the checkpoint its ``metrics.json`` names, with the run's stored configuration, through
+the evaluation view the metrics used. The report then recomputes every score from these
+embeddings and says where they differ from ``metrics.json``.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from omegaconf import OmegaConf
+
+from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
+from experiments.runs import load_checkpoint
+from metrics.report import retrieval_report
+
+# Scores the report does not recompute: uni-modal NDCG needs the synthetic world's relevance.
+NOT_RECOMPUTED = ("i2i/", "t2t/")
+TOLERANCE = 1e-9
+
+
+@dataclass
+class Run:
+    """One run's recorded result, its evaluated set and the scores recomputed from it."""
+
+    folder: Path
+    record: dict
+    evaluated: EvaluatedSet
+    recomputed: dict[str, float]
+
+    @property
+    def name(self) -> str:
+        external = self.record.get("external")
+        tag = f" {external['pretrained']}" if external and external.get("pretrained") else ""
+        return f"{self.record['method']}{tag} ({self.folder.name})"
+
+    def differences(self) -> list[str]:
+        """``key: recorded -> recomputed`` for every score that differs beyond rounding."""
+        recorded = self.record["metrics"]
+        return [f"{key}: {recorded[key]:.6g} -> {value:.6g}" for key, value in self.recomputed.items()
+                if key in recorded and abs(recorded[key] - value) > TOLERANCE]
+
+
+def read_record(folder: Path) -> dict:
+    path = folder / "metrics.json"
+    if not path.is_file():
+        raise FileNotFoundError(f"{folder} is not a finished run folder (no metrics.json)")
+    try:
+        record = json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg})") from None
+    missing = [k for k in ("method", "data", "metrics", "config") if k not in record]
+    if missing:
+        raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
+    return record
+
+
+def load_run(folder: Path) -> Run:
+    """Read ``folder`` and score its embeddings with the run's evaluation settings."""
+    record = read_record(folder)
+    embeddings = folder / EMBEDDINGS
+    evaluated = EvaluatedSet.load(embeddings) if embeddings.is_file() else encode_trained(folder, record)
+    evaluation = record["config"].get("evaluation", {})
+    recomputed = retrieval_report(
+        evaluated.image_emb, evaluated.text_emb, evaluated.caption_image, evaluated.caption_language,
+        evaluated.image_ids, ks=tuple(evaluation.get("ks", (1, 5, 10))),
+        ndcg_k=evaluation.get("ndcg_k", 10), chunk_size=evaluation.get("chunk_size", 1024),
+        mrv_languages=evaluated.mrv_languages,
+    )
+    recomputed = {k: float(v) for k, v in recomputed.items() if not k.startswith(NOT_RECOMPUTED)}
+    return Run(folder, record, evaluated, recomputed)
+
+
+@torch.no_grad()
+def encode_trained(folder: Path, record: dict) -> EvaluatedSet:
+    """The test view of a trained run, encoded by its checkpoint's dual encoder."""
+    from experiments.config import typed
+    from experiments.train import build_datamodule, stages_of
+
+    checkpoint = record.get("checkpoint")
+    if not checkpoint:
+        raise ValueError(f"{folder / 'metrics.json'}: records no checkpoint and the folder has no "
+                         f"{EMBEDDINGS}; nothing to rank")
+    config_path = folder / "config.yaml"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{folder} has no config.yaml")
+    cfg = typed(OmegaConf.load(config_path), str(config_path))
+    data = build_datamodule(cfg, roles=("test",))
+    view = data.eval_view("test")
+    module = stages_of(cfg, data)[-1].build(None)
+    module.load_state_dict(load_checkpoint(checkpoint)["state_dict"])
+    module.eval()
+    batch_size = int(cfg.data.eval_batch_size)
+    images = [module.encode_images(b["images"]).float() for b in view.image_loader(batch_size)]
+    texts = [module.encode_texts(b["input_ids"], b["attention_mask"]).float()
+             for b in view.caption_loader(batch_size)]
+    return EvaluatedSet(
+        image_ids=list(view.image_ids), image_paths=[str(p) for p in view.image_paths],
+        captions=list(view.captions), caption_image=view.caption_image,
+        caption_language=list(view.caption_language), languages=list(view.languages),
+        mrv_languages=view.mrv_languages, image_emb=torch.cat(images), text_emb=torch.cat(texts),
+    )
