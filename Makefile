@@ -9,6 +9,8 @@ TRAINER ?= cpu
 SEEDS  ?= 0 1 2
 ARGS   ?=
 RUNS   ?= runs
+OUT    ?=
+LEADERBOARD = $(PY) -m experiments.leaderboard --runs $(RUNS) $(if $(OUT),--out $(OUT))
 
 .PHONY: setup train eval leaderboard compare test bench clean
 
@@ -32,12 +34,13 @@ eval: $(STAMP)
 	@test -n "$(CKPT)" || { echo "usage: make eval CKPT=runs/.../checkpoints/last.ckpt [ARGS=...]"; exit 2; }
 	$(PY) -m experiments.evaluate ckpt=$(CKPT) $(ARGS)
 
+# Writes $(RUNS)/leaderboard.{md,csv,png}; OUT=<folder> writes there instead (OUT=. for the committed one).
 leaderboard: $(STAMP)
-	$(PY) -m experiments.leaderboard --runs $(RUNS) --out .
+	$(LEADERBOARD)
 
 compare: $(STAMP)
 	$(PY) -m experiments.compare --seeds $(SEEDS) --data $(DATA) $(ARGS)
-	$(PY) -m experiments.leaderboard --runs $(RUNS) --out .
+	$(LEADERBOARD)
 
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2

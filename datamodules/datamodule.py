@@ -12,9 +12,10 @@ from pathlib import Path
 
 import lightning as L
 import torch
+import torch.distributed as dist
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from . import synthetic
 from .synthetic import backbones
@@ -56,6 +57,65 @@ class DataInfo:
     backbones: dict[str, dict] = field(default_factory=dict)
 
 
+class SeededItems(Dataset):
+    """A dataset whose item ``(epoch, index)`` is drawn with torch's RNG seeded by (seed, epoch,
+    index): the random choices inside an item (e.g. which caption) depend on nothing else, not
+    on the worker that loads it nor on what ran before, so a resumed run sees the same batches."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        self.dataset, self.seed = dataset, seed
+
+    def __len__(self) -> int:
+        return len(self.dataset)
+
+    def __getitem__(self, key: tuple[int, int]):
+        epoch, index = key
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed((self.seed * 1_000_003 + epoch) * 1_000_033 + index)
+            return self.dataset[index]
+
+
+class EpochSampler(DistributedSampler):
+    """Training order: a permutation seeded by (seed, epoch), sharded over processes as
+    ``DistributedSampler`` does (Lightning keeps it and calls ``set_epoch``), yielding
+    ``(epoch, index)`` keys for :class:`SeededItems`. ``resume`` skips the items a checkpointed
+    run had already trained on in that epoch."""
+
+    def __init__(self, dataset: Dataset, seed: int):
+        distributed = dist.is_available() and dist.is_initialized()
+        super().__init__(
+            dataset,
+            num_replicas=dist.get_world_size() if distributed else 1,
+            rank=dist.get_rank() if distributed else 0,
+            shuffle=True,
+            seed=seed,
+        )
+        self._resume: tuple[int, int] | None = None
+
+    def resume(self, epoch: int, items_done: int) -> None:
+        # Lightning does not call ``set_epoch`` before the first iteration of a run restarted
+        # mid-epoch, so the epoch it resumes in is set here: its permutation, not epoch 0's.
+        self.set_epoch(epoch)
+        self._resume = (epoch, items_done)
+
+    def __iter__(self):
+        indices = list(super().__iter__())
+        if self._resume is not None:
+            epoch, done = self._resume
+            self._resume = None
+            if epoch == self.epoch:
+                indices = indices[done:]
+        return iter([(self.epoch, index) for index in indices])
+
+
+def training_loader(dataset: Dataset, seed: int, **kwargs) -> DataLoader:
+    """A loader over ``dataset`` in :class:`EpochSampler` order with seeded items; its own
+    generator keeps worker seeding from drawing on the global RNG."""
+    items = SeededItems(dataset, seed)
+    return DataLoader(items, sampler=EpochSampler(items, seed),
+                      generator=torch.Generator().manual_seed(seed), **kwargs)
+
+
 @dataclass
 class EvalView:
     """Unique images and every caption (with its image index and language) of one split."""
@@ -71,6 +131,7 @@ class EvalView:
     tokenizer: Tokenizer = field(repr=False)
     max_length: int = field(repr=False)
     num_workers: int = field(repr=False)
+    mrv_languages: list[str] | None = None  # data.mrv_languages: MRV's languages (None: all)
 
     def image_loader(self, batch_size: int) -> DataLoader:
         """Batches ``{"images": [b,3,H,W], "index": [b]}`` in order."""
@@ -90,6 +151,7 @@ class EvalView:
             shuffle=False,
             num_workers=self.num_workers,
             collate_fn=collate,
+            generator=torch.Generator(),  # leaves the global RNG (training's dropout) untouched
         )
 
 
@@ -276,10 +338,10 @@ class CCRDataModule(L.LightningDataModule):
         collate = TrainCollate(
             self.tokenizer, self.info.max_length, languages, len(self._labels), with_alignment
         )
-        return DataLoader(
+        return training_loader(
             dataset,
+            self.seed,
             batch_size=int(self.cfg.batch_size),
-            shuffle=True,
             drop_last=True,
             num_workers=int(self.cfg.num_workers),
             persistent_workers=int(self.cfg.num_workers) > 0,
@@ -317,6 +379,8 @@ class CCRDataModule(L.LightningDataModule):
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,
                 num_workers=int(self.cfg.num_workers),
+                mrv_languages=None if self.cfg.get("mrv_languages") is None
+                else [str(lang) for lang in self.cfg.mrv_languages],
             )
         return self._views[role]
 
@@ -371,10 +435,10 @@ class CCRDataModule(L.LightningDataModule):
             if blank:
                 rank_zero_info(f"{corpus.source}: {blank} {src}-{tgt} rows with a blank side left out")
         dataset = ParallelBatches.from_pairs(texts, int(self.cfg.batch_size), self.seed)
-        return DataLoader(
+        return training_loader(
             dataset,
+            self.seed,
             batch_size=None,
-            shuffle=True,
             num_workers=int(self.cfg.num_workers),
             collate_fn=ParallelCollate(self.tokenizer, self.info.max_length),
         )

@@ -32,7 +32,7 @@ def write_records(path: str | Path, records: Iterable[Record]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     with path.open("w", encoding="utf-8") as f:
         for record in records:
-            f.write(json.dumps(asdict(record), ensure_ascii=False) + "\n")
+            f.write(json.dumps(asdict(record), ensure_ascii=False, allow_nan=False) + "\n")
 
 
 def read_records(path: str | Path) -> list[Record]:

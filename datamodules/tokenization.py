@@ -111,16 +111,31 @@ def train_offline_tokenizer(corpus: Iterable[str], vocab_size: int) -> OfflineTo
 
 
 class PretrainedTokenizer:
-    """A Hugging Face tokenizer by hub name or local folder.
+    """A Hugging Face tokenizer by local folder, or by hub name from the local cache; it is
+    downloaded only with ``download=True`` (nothing is fetched unless the user asks).
 
     Tokenizers without a pad or mask token (e.g. CLIP's) pad with their eos token and mask with
     their unk token; cls falls back to bos, eos to sep.
     """
 
-    def __init__(self, name_or_path: str):
+    def __init__(self, name_or_path: str, download: bool = False):
         from transformers import AutoTokenizer
 
-        self.hf = AutoTokenizer.from_pretrained(name_or_path)
+        local = Path(name_or_path).exists()
+        try:
+            self.hf = AutoTokenizer.from_pretrained(
+                name_or_path, local_files_only=not (download or local)
+            )
+        except OSError as err:
+            if download or local:
+                raise ValueError(f"tokenizer '{name_or_path}' could not be loaded: "
+                                 f"{' '.join(str(err).split())[:200]}") from None
+            raise ValueError(
+                f"tokenizer '{name_or_path}' is a Hugging Face hub name that is not in the local "
+                "cache, and downloads are off: set data.tokenizer.name=offline (the suite's own "
+                "tokenizer, trained on the training captions) or a local tokenizer folder, or "
+                "data.tokenizer.download=true to fetch it"
+            ) from None
         self.cls_token_id = _first_id(self.hf, name_or_path, "cls_token_id", "bos_token_id")
         self.eos_token_id = _first_id(self.hf, name_or_path, "eos_token_id", "sep_token_id")
         self.pad_token_id = _first_id(self.hf, name_or_path, "pad_token_id", "eos_token_id")
@@ -170,10 +185,10 @@ def build_tokenizer(
     cache_dir: str | Path | None = None,
 ) -> Tokenizer:
     """``cfg_tokenizer.name``: "offline" (trained on ``corpus``, cached in ``cache_dir`` when given)
-    or a Hugging Face hub name / local path."""
+    or a local path / Hugging Face hub name (downloaded only if ``cfg_tokenizer.download``)."""
     name = str(cfg_tokenizer["name"])
     if name != OFFLINE:
-        return PretrainedTokenizer(name)
+        return PretrainedTokenizer(name, download=bool(cfg_tokenizer.get("download", False)))
     if corpus is None:
         raise ValueError("the offline tokenizer is trained on the training captions: pass corpus")
     corpus = list(corpus)

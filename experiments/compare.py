@@ -2,8 +2,10 @@
 
     python -m experiments.compare --seeds 0 1 2 --data synthetic --methods clip ccrk -- trainer.max_steps=2000
 
-Each run is its own process (a clean seed and memory state) with run id ``compare-seed<s>``, so a
-re-run skips finished runs and the leaderboard picks every row up.
+Each run is its own process (a clean seed and memory state) with run id
+``compare-<fingerprint>-seed<s>``: the fingerprint of the settings (budget, data, method config)
+means a re-run with other settings starts new runs instead of reusing old ones; a re-run with the
+same settings skips finished runs and resumes interrupted ones.
 """
 
 from __future__ import annotations
@@ -14,27 +16,43 @@ import sys
 from pathlib import Path
 
 import methods
+from experiments import cli
 from experiments.config import compose
-from experiments.runs import resolve_run_dir
+from experiments.runs import checkpoints_in, config_fingerprint, run_root
 
 
-def main() -> None:
+def run_id(argv: list[str], seed: int) -> str:
+    return f"compare-{config_fingerprint(compose(argv))[:8]}-seed{seed}"
+
+
+def _main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     parser.add_argument("--data", default="synthetic")
     parser.add_argument("--methods", nargs="+", default=methods.names())
     parser.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
-    args = parser.parse_args()
+    args = parser.parse_args(args)
     for method in args.methods:
         for seed in args.seeds:
-            argv = [f"method={method}", f"data={args.data}", f"seed={seed}",
-                    f"run_id=compare-seed{seed}", *args.overrides]
-            if (resolve_run_dir(compose(argv)) / "metrics.json").exists():
-                print(f"skip {method} seed {seed}: already done")
+            argv = [f"method={method}", f"data={args.data}", f"seed={seed}", *args.overrides]
+            argv.append(f"run_id={run_id(argv, seed)}")
+            folder = run_root(compose(argv)) / argv[-1].split("=", 1)[1]
+            if (folder / "metrics.json").exists():
+                print(f"skip {method} seed {seed}: already done ({folder})")
                 continue
-            print(f"train {method} seed {seed}", flush=True)
-            subprocess.run([sys.executable, "-m", "experiments.train", *argv], check=True,
-                           cwd=Path(__file__).resolve().parents[1])
+            if folder.exists() and checkpoints_in(folder):
+                print(f"resume {method} seed {seed} ({folder})", flush=True)
+                argv.append("ckpt_path=last")
+            else:
+                print(f"train {method} seed {seed}", flush=True)
+            done = subprocess.run([sys.executable, "-m", "experiments.train", *argv],
+                                  cwd=Path(__file__).resolve().parents[1])
+            if done.returncode:
+                raise SystemExit(done.returncode)
+
+
+def main() -> None:
+    cli.run(_main)
 
 
 if __name__ == "__main__":

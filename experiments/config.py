@@ -2,7 +2,8 @@
 
 Selectors (``method=ccrk data=multi30k trainer=gpu``) pick YAML files under ``configs/``; every
 other ``key=value`` overrides a key that must already exist (struct mode), so a typo fails naming
-the key instead of being silently ignored.
+the key instead of being silently ignored. Values are typed by ``experiments/schema.py``: a wrong
+type, shape or sign fails here, naming the key, before anything runs.
 """
 
 from __future__ import annotations
@@ -11,7 +12,9 @@ from pathlib import Path
 from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
-from omegaconf.errors import ConfigAttributeError, ConfigKeyError
+from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+from experiments.schema import RunConfig, check_bounds
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 GROUPS = {"method": "clip", "data": "synthetic", "trainer": "cpu"}
@@ -48,14 +51,40 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, str], list[str]
     return selectors, rest
 
 
+def _merge(cfg: DictConfig, other, source: str) -> DictConfig:
+    """``OmegaConf.merge`` with the schema's complaints turned into one line naming the key."""
+    try:
+        return OmegaConf.merge(cfg, other)
+    except (ConfigKeyError, ConfigAttributeError) as err:
+        key = getattr(err, "full_key", None) or str(err).splitlines()[0]
+        parent = key.rsplit(".", 1)[0] if "." in key else None
+        node = OmegaConf.select(cfg, parent) if parent else cfg
+        known = ", ".join(sorted(node.keys())) if isinstance(node, DictConfig) else ""
+        where = "" if source == "command line" else f" in {source} (declare it in experiments/schema.py)"
+        raise ConfigError(f"unknown config key '{key}'{where}"
+                          + (f"; keys here: {known}" if known else "")) from None
+    except ValidationError as err:
+        key = getattr(err, "full_key", None) or "?"
+        reason = str(err).splitlines()[0]
+        if "is not a ListConfig" in reason:
+            reason = f"a list is expected, e.g. {key}=[a,b]"
+        raise ConfigError(f"config key '{key}' ({source}): {reason}") from None
+
+
+def typed(cfg: DictConfig, source: str = "config") -> DictConfig:
+    """``cfg`` (e.g. a stored ``config.yaml``) checked against the schema."""
+    return _merge(OmegaConf.structured(RunConfig), cfg, source)
+
+
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
-    """The resolved run configuration for these command-line overrides."""
+    """The resolved, type-checked run configuration for these command-line overrides."""
     selectors, rest = split_overrides(overrides)
-    cfg = OmegaConf.load(CONFIG_DIR / "base.yaml")
+    cfg = typed(OmegaConf.load(CONFIG_DIR / "base.yaml"), "base.yaml")
     for group, name in selectors.items():  # a preset overrides the base file's section, if any
-        cfg[group] = OmegaConf.merge(cfg.get(group) or {}, _load_group(group, name))
-    if "protocol" in cfg.method:  # a method preset may fix its evaluation protocol (mCLIP: zero-shot)
-        cfg.protocol = cfg.method.pop("protocol")
+        preset = _load_group(group, name)
+        if group == "method" and "protocol" in preset:  # a method may fix its protocol (mCLIP)
+            cfg.protocol = preset.pop("protocol")
+        cfg = _merge(cfg, {group: preset}, f"{group}/{name}.yaml")
     cfg.preset = selectors
     return apply_overrides(cfg, rest)
 
@@ -63,15 +92,12 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     """Merge ``key=value`` overrides into ``cfg`` in struct mode; unknown keys are errors."""
     OmegaConf.set_struct(cfg, True)
-    try:
-        merged = OmegaConf.merge(cfg, OmegaConf.from_dotlist(list(overrides)))
-    except (ConfigKeyError, ConfigAttributeError) as err:
-        key = getattr(err, "full_key", None) or str(err).splitlines()[0]
-        parent = key.rsplit(".", 1)[0] if "." in key else None
-        node = OmegaConf.select(cfg, parent) if parent else cfg
-        known = ", ".join(sorted(node.keys())) if isinstance(node, DictConfig) else ""
-        raise ConfigError(f"unknown config key '{key}'" + (f"; keys here: {known}" if known else "")) from None
+    merged = _merge(cfg, OmegaConf.from_dotlist(list(overrides)), "command line")
     OmegaConf.resolve(merged)
+    try:
+        check_bounds(merged)
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
     return merged
 
 

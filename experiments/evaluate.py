@@ -4,20 +4,19 @@
 
 Overrides change evaluation settings (re-ranking depth, split, data root); the result goes to
 ``<run>/eval/<name>/metrics.json`` so the leaderboard shows it as its own row when its scorer
-differs.
+differs. The checkpoint is loaded weights-only and checked before any data is read.
 """
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Sequence
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
-from experiments.config import ConfigError, apply_overrides
-from experiments.runs import scorer_label, write_metrics
+from experiments import cli
+from experiments.config import ConfigError, apply_overrides, typed
+from experiments.runs import load_checkpoint, scorer_label, write_metrics
 from experiments.train import StageData, build_datamodule, stages_of
 from experiments.trainer import build_trainer, configure_threads
 
@@ -31,15 +30,17 @@ def find_run_dir(ckpt: Path) -> Path:
 
 
 def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> dict[str, float]:
-    if not ckpt.exists():
-        raise ConfigError(f"checkpoint {ckpt} does not exist")
+    if split not in ("val", "test"):
+        raise ConfigError(f"split must be val or test, got '{split}'")
+    state = load_checkpoint(ckpt)["state_dict"]
     run_dir = find_run_dir(ckpt)
-    cfg: DictConfig = apply_overrides(OmegaConf.load(run_dir / "config.yaml"), overrides)
+    stored = typed(OmegaConf.load(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
+    cfg: DictConfig = apply_overrides(stored, overrides)
     configure_threads(cfg)
-    data = build_datamodule(cfg)
+    data = build_datamodule(cfg, roles=(split,))
     stage = stages_of(cfg, data)[-1]
     module = stage.build(None)
-    module.load_state_dict(torch.load(ckpt, map_location="cpu", weights_only=False)["state_dict"])
+    module.load_state_dict(state)
     name = f"{split}-{scorer_label(cfg)}"
     trainer = build_trainer(cfg, run_dir, run_dir / "eval" / name)
     loaders = StageData(data, stage)
@@ -53,18 +54,18 @@ def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> 
     return module.last_report
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    args = list(sys.argv[1:] if argv is None else argv)
+def _main(args: list[str]) -> None:
     ckpt = next((a.split("=", 1)[1] for a in args if a.startswith("ckpt=")), None)
     split = next((a.split("=", 1)[1] for a in args if a.startswith("split=")), "test")
     rest = [a for a in args if not a.startswith(("ckpt=", "split="))]
-    try:
-        if ckpt is None:
-            raise ConfigError("usage: python -m experiments.evaluate ckpt=PATH [split=val|test] [key=value ...]")
-        report = evaluate(Path(ckpt), rest, split)
-    except ConfigError as err:
-        raise SystemExit(f"config error: {err}") from None
+    if ckpt is None:
+        raise ConfigError("usage: python -m experiments.evaluate ckpt=PATH [split=val|test] [key=value ...]")
+    report = evaluate(Path(ckpt), rest, split)
     print(f"mR={report['mR']:.2f}")
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    cli.run(_main, argv)
 
 
 if __name__ == "__main__":

@@ -1,8 +1,14 @@
 """Build the leaderboard from ``metrics.json`` files alone.
 
-One row per (method, data, protocol, scorer), mean ± std over seeds (population std, ddof=0; a
-single seed shows ± 0.00 and n=1). Writes ``leaderboard.md``, ``leaderboard.csv`` (every metric,
-mean and std) and ``leaderboard.png`` (mean recall per method and dataset).
+A row is one experiment: runs whose configurations are identical except for the seed (equal
+``config_fingerprint``), with the same method, data, protocol, scorer and metric protocol. A row
+shows mean ± std over its seeds (population std, ddof=0; one seed shows ± 0.00). Runs of one
+method whose settings differ are separate rows, each naming the settings that differ; a seed run
+twice is averaged once (its newest run) and the other runs are listed; a row scored under another
+metric protocol than the suite's current one is marked.
+
+Writes ``leaderboard.md``, ``leaderboard.csv`` (every metric, mean and std) and ``leaderboard.png``
+(mean recall per method and dataset) beside the runs it reads, unless told where (``--out``).
 """
 
 from __future__ import annotations
@@ -13,48 +19,109 @@ import json
 import statistics
 from collections import defaultdict
 from pathlib import Path
+from typing import Any
 
-ROW_KEY = ("method", "data", "protocol", "scorer")
+from experiments import cli
+from experiments.runs import config_fingerprint, experiment_settings
+from metrics.protocol import METRIC_PROTOCOL
+
+FAMILY = ("method", "data", "protocol", "scorer")
+OTHER_PROTOCOL, UNRECORDED_PROTOCOL = "†", "‡"
 
 
 def load_results(runs: Path, split: str = "test") -> list[dict]:
-    """Every metrics.json of ``split``; for the same run and scorer the newest file wins."""
-    latest: dict[tuple, tuple[float, dict]] = {}
+    """Every metrics.json of ``split``, each with its fingerprint; a run re-scored with the same
+    scorer and settings counts once (the newest file)."""
+    latest: dict[tuple, dict] = {}
     for path in sorted(runs.rglob("metrics.json")):
         try:
             result = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as err:
             raise ValueError(f"{path}: not valid JSON ({err.msg})") from None
-        missing = [k for k in (*ROW_KEY, "seed", "metrics") if k not in result]
+        missing = [k for k in (*FAMILY, "seed", "metrics") if k not in result]
         if missing:
             raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
         if result.get("split", "test") != split:
             continue
-        key = (*(result[k] for k in ROW_KEY), result.get("run_id", str(path.parent)))
-        mtime = path.stat().st_mtime
-        if key not in latest or mtime > latest[key][0]:
-            latest[key] = (mtime, result)
-    return [result for _, result in latest.values()]
+        if "config_fingerprint" not in result:
+            if "config" not in result:
+                raise ValueError(f"{path}: has neither config_fingerprint nor config")
+            result["config_fingerprint"] = config_fingerprint(result["config"])
+        result["_path"], result["_mtime"] = str(path), path.stat().st_mtime
+        key = (result["method"], result["data"], result.get("run_id", str(path.parent)),
+               result["scorer"], result["config_fingerprint"], _protocol_key(result))
+        if key not in latest or result["_mtime"] > latest[key]["_mtime"]:
+            latest[key] = result
+    return list(latest.values())
+
+
+def _protocol_key(result: dict) -> str:
+    return json.dumps(result.get("metric_protocol"), sort_keys=True)
+
+
+def _protocol_mark(result: dict) -> str:
+    recorded = result.get("metric_protocol")
+    if recorded is None:
+        return UNRECORDED_PROTOCOL
+    return "" if recorded == METRIC_PROTOCOL else OTHER_PROTOCOL
+
+
+def _settings_shown(members_by_row: list[list[dict]]) -> list[str]:
+    """For rows of one family: the settings in which each row differs from the others."""
+    if len(members_by_row) < 2:
+        return [""] * len(members_by_row)
+    settings = [experiment_settings(m[0]["config"]) if "config" in m[0] else None
+                for m in members_by_row]
+    known = [s for s in settings if s is not None]
+    keys = sorted({k for s in known for k in s} if known else set())
+    differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in known}) > 1]
+    shown = []
+    for members, s in zip(members_by_row, settings):
+        if s is None:
+            shown.append(f"config {members[0]['config_fingerprint']}")
+        else:
+            shown.append(", ".join(f"{k}={s.get(k)}" for k in differing)
+                         or f"config {members[0]['config_fingerprint']}")
+    return shown
 
 
 def aggregate(results: list[dict]) -> list[dict]:
-    """Mean and std over seeds of every metric, one entry per row key, best mean recall first."""
+    """One row per experiment (family + fingerprint + metric protocol), best mean recall first."""
     groups: dict[tuple, list[dict]] = defaultdict(list)
     for result in results:
-        groups[tuple(result[k] for k in ROW_KEY)].append(result)
+        key = (*(result[k] for k in FAMILY), result["config_fingerprint"], _protocol_key(result))
+        groups[key].append(result)
     rows = []
+    families: dict[tuple, list[dict]] = defaultdict(list)
     for key, members in groups.items():
-        names = sorted(set().union(*(m["metrics"] for m in members)))
+        by_seed: dict[Any, list[dict]] = defaultdict(list)
+        for m in sorted(members, key=lambda m: m["_mtime"], reverse=True):
+            by_seed[m["seed"]].append(m)
+        used = [runs[0] for runs in by_seed.values()]
+        duplicates = {seed: [r.get("run_id", r["_path"]) for r in runs]
+                      for seed, runs in by_seed.items() if len(runs) > 1}
         stats = {}
-        for name in names:
-            values = [m["metrics"][name] for m in members if name in m["metrics"]]
+        for name in sorted(set().union(*(m["metrics"] for m in used))):
+            values = [m["metrics"][name] for m in used if name in m["metrics"]]
             stats[name] = (statistics.fmean(values), statistics.pstdev(values))
-        rows.append({
-            **dict(zip(ROW_KEY, key)),
-            "seeds": sorted(m["seed"] for m in members),
-            "languages": members[0].get("languages", []),
+        row = {
+            **{k: used[0][k] for k in FAMILY},
+            "config_fingerprint": used[0]["config_fingerprint"],
+            "metric_protocol": used[0].get("metric_protocol"),
+            "mark": _protocol_mark(used[0]),
+            "seeds": sorted(m["seed"] for m in used),
+            "duplicates": duplicates,
+            "languages": used[0].get("languages", []),
             "stats": stats,
-        })
+            "_members": used,
+        }
+        rows.append(row)
+        families[tuple(row[k] for k in FAMILY)].append(row)
+    for family in families.values():
+        for row, shown in zip(family, _settings_shown([r["_members"] for r in family])):
+            row["settings"] = shown
+    for row in rows:
+        del row["_members"]
     return sorted(rows, key=lambda r: (r["data"], -r["stats"].get("mR", (0.0, 0.0))[0]))
 
 
@@ -65,17 +132,36 @@ def _cell(row: dict, name: str, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def _notes(group: list[dict]) -> list[str]:
+    notes = []
+    for r in group:
+        for seed, run_ids in r["duplicates"].items():
+            notes.append(f"- {r['method']} ({r['settings'] or r['config_fingerprint']}): seed {seed} "
+                         f"ran {len(run_ids)} times ({', '.join(map(str, run_ids))}); the mean "
+                         f"uses the newest, {run_ids[0]}.")
+    marks = {r["mark"] for r in group}
+    if OTHER_PROTOCOL in marks:
+        notes.append(f"- {OTHER_PROTOCOL} scored under another metric protocol than the suite's "
+                     f"current one (version {METRIC_PROTOCOL.get('version')}): not comparable "
+                     "with unmarked rows; re-evaluate the checkpoint to compare.")
+    if UNRECORDED_PROTOCOL in marks:
+        notes.append(f"- {UNRECORDED_PROTOCOL} metrics.json records no metric protocol (written "
+                     "before protocols were recorded): not comparable with unmarked rows.")
+    return notes
+
+
 def to_markdown(rows: list[dict]) -> str:
     """One table per dataset: mR, per-language R@1 (both directions) and MRV (std reduction)."""
     out = ["# Leaderboard", "",
            "Mean ± std over seeds, test split. mR: mean of R@1/5/10 in both directions over all",
            "languages. Per-language cells: i2t R@1 / t2i R@1. MRV: std of an instance's ranks across",
-           "languages (lower is more consistent). Built from the runs' `metrics.json` files by",
-           "`make leaderboard`; each file holds the run's full config and seed.", ""]
+           "languages (lower is more consistent). A row averages runs whose configurations differ",
+           "only in the seed; `settings` names what differs between rows of one method. Built from",
+           "the runs' `metrics.json` files by `make leaderboard`.", ""]
     for data in sorted({r["data"] for r in rows}):
         group = [r for r in rows if r["data"] == data]
         languages = list(dict.fromkeys(lang for r in group for lang in r["languages"]))
-        header = ["method", "protocol", "scorer", "seeds", "mR",
+        header = ["method", "protocol", "scorer", "settings", "seeds", "mR",
                   *[f"{lang} R@1" for lang in languages], "MRV i2t", "MRV t2i"]
         out += [f"## {data}", "", "| " + " | ".join(header) + " |",
                 "|" + "---|" * len(header)]
@@ -83,21 +169,30 @@ def to_markdown(rows: list[dict]) -> str:
             per_lang = [
                 f"{_cell(r, f'{lang}/i2t/R@1', 1)} / {_cell(r, f'{lang}/t2i/R@1', 1)}" for lang in languages
             ]
-            cells = [r["method"], r["protocol"], r["scorer"], ",".join(map(str, r["seeds"])),
-                     _cell(r, "mR"), *per_lang, _cell(r, "all/MRV_std/i2t"), _cell(r, "all/MRV_std/t2i")]
+            cells = [r["method"] + r["mark"], r["protocol"], r["scorer"], r["settings"],
+                     ",".join(map(str, r["seeds"])), _cell(r, "mR"), *per_lang,
+                     _cell(r, "all/MRV_std/i2t"), _cell(r, "all/MRV_std/t2i")]
             out.append("| " + " | ".join(cells) + " |")
+        notes = _notes(group)
+        out += ["", *notes] if notes else []
         out.append("")
     return "\n".join(out)
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
     names = sorted(set().union(*(r["stats"] for r in rows))) if rows else []
+    head = [*FAMILY, "settings", "config_fingerprint", "metric_protocol_version", "seeds",
+            "duplicate_seed_runs"]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow([*ROW_KEY, "seeds", *[f"{n}{s}" for n in names for s in ("", " std")]])
+        writer.writerow([*head, *[f"{n}{s}" for n in names for s in ("", " std")]])
         for r in rows:
+            version = (r["metric_protocol"] or {}).get("version", "unrecorded")
+            duplicates = "; ".join(f"seed {s}: {' '.join(map(str, ids))}"
+                                   for s, ids in r["duplicates"].items())
             values = [v for n in names for v in r["stats"].get(n, ("", ""))]
-            writer.writerow([*(r[k] for k in ROW_KEY), " ".join(map(str, r["seeds"])), *values])
+            writer.writerow([*(r[k] for k in FAMILY), r["settings"], r["config_fingerprint"],
+                             version, " ".join(map(str, r["seeds"])), duplicates, *values])
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -112,11 +207,12 @@ def plot(rows: list[dict], path: Path) -> None:
                              squeeze=False)
     for ax, data in zip(axes[0], datasets):
         group = [r for r in rows if r["data"] == data and "mR" in r["stats"]]
-        labels = [f"{r['method']}\n{r['protocol']}/{r['scorer']}" for r in group]
+        labels = [f"{r['method']}{r['mark']}\n{r['protocol']}/{r['scorer']}"
+                  + (f"\n{r['settings']}" if r["settings"] else "") for r in group]
         means = [r["stats"]["mR"][0] for r in group]
         stds = [r["stats"]["mR"][1] for r in group]
         ax.bar(range(len(group)), means, yerr=stds, capsize=4, color="tab:blue")
-        ax.set_xticks(range(len(group)), labels, fontsize=8)
+        ax.set_xticks(range(len(group)), labels, fontsize=7)
         ax.set_ylabel("mean recall (test)")
         ax.set_title(data)
     fig.tight_layout()
@@ -124,8 +220,10 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
-def build(runs: Path, out: Path) -> list[dict]:
+def build(runs: Path, out: Path | None = None) -> list[dict]:
+    """Read ``runs``, write the leaderboard files to ``out`` (default: ``runs`` itself)."""
     rows = aggregate(load_results(runs))
+    out = runs if out is None else out
     out.mkdir(parents=True, exist_ok=True)
     (out / "leaderboard.md").write_text(to_markdown(rows), encoding="utf-8")
     write_csv(rows, out / "leaderboard.csv")
@@ -133,13 +231,20 @@ def build(runs: Path, out: Path) -> list[dict]:
     return rows
 
 
-def main() -> None:
+def _main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("runs"))
-    parser.add_argument("--out", type=Path, default=Path("."))
-    args = parser.parse_args()
+    parser.add_argument("--out", type=Path, default=None,
+                        help="where to write leaderboard.{md,csv,png} (default: the --runs folder)")
+    args = parser.parse_args(args)
+    if not args.runs.is_dir():
+        raise FileNotFoundError(f"no runs folder {args.runs}")
     rows = build(args.runs, args.out)
-    print(f"{len(rows)} leaderboard rows -> {args.out / 'leaderboard.md'}")
+    print(f"{len(rows)} leaderboard rows -> {(args.out or args.runs) / 'leaderboard.md'}")
+
+
+def main() -> None:
+    cli.run(_main)
 
 
 if __name__ == "__main__":

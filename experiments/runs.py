@@ -2,50 +2,242 @@
 
 A run folder holds the resolved ``config.yaml``, the TensorBoard and CSV logs, checkpoints (one
 folder per stage for staged methods) and ``metrics.json``, the only file the leaderboard reads.
+
+One run per folder: a new run creates its folder (an existing one is an error), ``ckpt_path=last``
+resumes only a folder that holds a checkpoint and the same configuration, and an exclusive lock
+refuses a second process while the first writes. Files are replaced atomically, so an
+interruption or a full disk never leaves a truncated ``config.yaml``, ``metrics.json`` or
+checkpoint behind.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
+import hashlib
 import json
+import math
+import os
 import subprocess
 import time
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
+import torch
 from omegaconf import DictConfig, OmegaConf
 
+import metrics
 from experiments.config import ConfigError, method_label
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
+LOCK = ".lock"
+ATTACHED_RUN_DIR = "CCR_RUN_DIR"  # set for the processes Lightning spawns (DDP ranks > 0)
+CHECKPOINT_GLOBS = ("checkpoints/*.ckpt", "stages/*/*.ckpt")
 
+# Keys that say where or how verbosely a run executes, not what it computes: two runs that differ
+# only here (and in the seed) are the same experiment, and a resume may change them.
+EXECUTION_ONLY = (
+    "seed", "run_id", "run_dir", "ckpt_path",
+    "trainer.progress_refresh_rate", "trainer.log_every_n_steps",
+    "trainer.checkpoint_every_n_steps", "trainer.cpu_threads",
+    "data.num_workers", "data.root", "data.image_root", "data.cache_dir",
+    "data.tokenizer.download",
+)
+
+
+# ---- configuration identity -------------------------------------------------------------------
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists stay values)."""
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update(flatten(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def experiment_settings(config: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
+    """The flattened settings that decide a run's result (everything but ``EXECUTION_ONLY``)."""
+    if isinstance(config, DictConfig):
+        config = OmegaConf.to_container(config, resolve=True)
+    return {k: v for k, v in flatten(config).items() if k not in EXECUTION_ONLY}
+
+
+def config_fingerprint(config: Mapping[str, Any] | DictConfig) -> str:
+    """A short digest of :func:`experiment_settings`: equal for runs that differ only in seed."""
+    text = json.dumps(experiment_settings(config), sort_keys=True, allow_nan=False, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
+    """``key: a -> b`` for every setting (seed included) in which two configs differ."""
+    left = {**experiment_settings(a), "seed": a.get("seed")}
+    right = {**experiment_settings(b), "seed": b.get("seed")}
+    return [f"{k}: {left.get(k)!r} -> {right.get(k)!r}"
+            for k in sorted(left.keys() | right.keys()) if left.get(k) != right.get(k)]
+
+
+# ---- the run folder ---------------------------------------------------------------------------
 
 def run_root(cfg: DictConfig) -> Path:
     """The folder that holds every run of this (data, method) pair."""
     return Path(cfg.run_dir) / cfg.preset.data / method_label(cfg)
 
 
-def resolve_run_dir(cfg: DictConfig) -> Path:
-    """This run's folder. ``ckpt_path=last`` without a run id resumes the newest run."""
+def checkpoints_in(run_dir: Path) -> list[Path]:
+    return sorted(p for pattern in CHECKPOINT_GLOBS for p in run_dir.glob(pattern))
+
+
+def _is_spawned_rank() -> bool:
+    """True in a process that joins a run another process owns (DDP rank > 0, node > 0)."""
+    ranks = (os.environ.get(name, "0") for name in ("LOCAL_RANK", "NODE_RANK", "RANK"))
+    return any(rank != "0" for rank in ranks)
+
+
+def _new_run_dir(cfg: DictConfig) -> Path:
+    """Create a fresh folder: the named ``run_id`` (must not exist) or a timestamped one."""
     root = run_root(cfg)
-    if cfg.run_id is None and cfg.ckpt_path == "last":
+    root.mkdir(parents=True, exist_ok=True)
+    if cfg.run_id is not None:
+        folder = root / str(cfg.run_id)
+        try:
+            folder.mkdir()
+        except FileExistsError:
+            raise ConfigError(f"run folder {folder} already exists; choose another run_id, or "
+                              "resume it with ckpt_path=last") from None
+        return folder
+    stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.seed}"
+    for attempt in range(1, 1000):
+        folder = root / (stamp if attempt == 1 else f"{stamp}-{attempt}")
+        try:
+            folder.mkdir()
+            return folder
+        except FileExistsError:
+            continue
+    raise ConfigError(f"could not create a new run folder under {root}")
+
+
+def _resumable_run_dir(cfg: DictConfig) -> Path:
+    """The folder ``ckpt_path=last`` resumes: the named run, or the newest one."""
+    root = run_root(cfg)
+    if cfg.run_id is None:
         previous = sorted((p for p in root.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
         if not previous:
             raise ConfigError(f"ckpt_path=last but {root} holds no run to resume")
         return previous[-1]
-    run_id = cfg.run_id or f"{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.seed}"
-    return root / run_id
+    folder = root / str(cfg.run_id)
+    if not folder.is_dir():
+        raise ConfigError(f"ckpt_path=last but there is no run folder {folder} (check run_id)")
+    return folder
+
+
+def _check_resumable(cfg: DictConfig, folder: Path) -> None:
+    if (folder / "metrics.json").exists():
+        raise ConfigError(f"run {folder} has finished (metrics.json exists); start a new run_id")
+    if not checkpoints_in(folder):
+        raise ConfigError(f"ckpt_path=last but run folder {folder} holds no checkpoint")
+    stored = folder / "config.yaml"
+    if not stored.exists():
+        raise ConfigError(f"run folder {folder} has no config.yaml; it was not written by experiments.train")
+    before = OmegaConf.to_container(OmegaConf.load(stored), resolve=True)
+    differences = config_differences(before, OmegaConf.to_container(cfg, resolve=True))
+    if differences:
+        raise ConfigError(f"resuming {folder} needs its own configuration; differs in "
+                          + "; ".join(differences))
+
+
+@contextlib.contextmanager
+def _locked(folder: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``folder`` (released when the process ends, even on SIGKILL)."""
+    handle = open(folder / LOCK, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        owner = handle.read().strip() or "?"
+        handle.close()
+        raise ConfigError(f"run folder {folder} is in use by another process (pid {owner})") from None
+    try:
+        handle.seek(0)
+        handle.truncate()
+        handle.write(str(os.getpid()))
+        handle.flush()
+        yield
+    finally:
+        handle.close()
+
+
+@contextlib.contextmanager
+def claim_run_dir(cfg: DictConfig) -> Iterator[Path]:
+    """This run's folder, held exclusively while the ``with`` block runs.
+
+    A new run gets a new folder; ``ckpt_path=last`` resumes an unfinished run with the same
+    configuration. Processes Lightning spawns for the other DDP ranks join the folder of the
+    process that claimed it.
+    """
+    if _is_spawned_rank():
+        attached = os.environ.get(ATTACHED_RUN_DIR)
+        if attached is None and cfg.run_id is None:
+            raise ConfigError("multi-node runs need an explicit run_id shared by every node")
+        yield Path(attached) if attached else run_root(cfg) / str(cfg.run_id)
+        return
+    resuming = cfg.ckpt_path == "last"
+    folder = _resumable_run_dir(cfg) if resuming else _new_run_dir(cfg)
+    with _locked(folder):
+        if resuming:
+            _check_resumable(cfg, folder)
+        os.environ[ATTACHED_RUN_DIR] = str(folder)
+        try:
+            yield folder
+        finally:
+            os.environ.pop(ATTACHED_RUN_DIR, None)
 
 
 def resume_checkpoint(checkpoint_dir: Path, ckpt_path: str | None) -> str | None:
-    """The checkpoint a stage resumes from: an explicit path, its ``last.ckpt``, or none."""
+    """The checkpoint a stage resumes from: an explicit path, its ``last.ckpt``, or none (a
+    stage of a resumed run that had not started yet)."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
         last = checkpoint_dir / "last.ckpt"
         return str(last) if last.exists() else None
-    if not Path(ckpt_path).exists():
-        raise ConfigError(f"ckpt_path '{ckpt_path}' does not exist")
+    load_checkpoint(ckpt_path)  # a one-line error for a missing or foreign file
     return ckpt_path
+
+
+# ---- files ------------------------------------------------------------------------------------
+
+def write_atomic(path: Path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old file
+    or the whole new one, never a truncated one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        with open(staging, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(staging, path)
+    finally:
+        staging.unlink(missing_ok=True)
+
+
+def load_checkpoint(path: str | Path) -> dict[str, Any]:
+    """A suite checkpoint, loaded with ``weights_only=True`` (no pickled code ever runs)."""
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"checkpoint {path} does not exist")
+    try:
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
+        reason = " ".join(str(err).split())[:160]
+        raise ConfigError(f"{path} is not a suite checkpoint ({type(err).__name__}: {reason})") from None
+    if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise ConfigError(f"{path} is not a suite checkpoint (it has no state_dict)")
+    return checkpoint
 
 
 def git_commit() -> str:
@@ -64,8 +256,7 @@ def git_commit() -> str:
 
 
 def save_config(cfg: DictConfig, run_dir: Path) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
-    OmegaConf.save(cfg, run_dir / "config.yaml")
+    write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
 
 
 def scorer_label(cfg: DictConfig) -> str:
@@ -73,8 +264,25 @@ def scorer_label(cfg: DictConfig) -> str:
     return f"itm@{cfg.evaluation.rerank_k}" if cfg.evaluation.rerank_k else "itc"
 
 
+def strict_json(record: Any) -> str:
+    """JSON text with no bare NaN / Infinity: a non-finite number is an error naming its key."""
+    def check(value: Any, key: str) -> None:
+        if isinstance(value, float) and not math.isfinite(value):
+            raise ValueError(f"refusing to write non-finite value {value} at '{key}'")
+        if isinstance(value, Mapping):
+            for k, v in value.items():
+                check(v, f"{key}.{k}" if key else str(k))
+        elif isinstance(value, (list, tuple)):
+            for i, v in enumerate(value):
+                check(v, f"{key}[{i}]")
+
+    check(record, "")
+    return json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
+
+
 def write_metrics(path: Path, cfg: DictConfig, report: dict[str, float], **facts: Any) -> None:
     """``metrics.json``: every metric plus what is needed to reproduce and group the row."""
+    config = OmegaConf.to_container(cfg, resolve=True)
     record = {
         "method": method_label(cfg),
         "data": cfg.preset.data,
@@ -82,10 +290,12 @@ def write_metrics(path: Path, cfg: DictConfig, report: dict[str, float], **facts
         "protocol": cfg.protocol,
         "scorer": scorer_label(cfg),
         "seed": cfg.seed,
+        "config_fingerprint": config_fingerprint(config),
+        "metric_protocol": dict(metrics.METRIC_PROTOCOL),
         "git_commit": git_commit(),
+        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         **facts,
         "metrics": report,
-        "config": OmegaConf.to_container(cfg, resolve=True),
+        "config": config,
     }
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(record, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    write_atomic(path, strict_json(record))

@@ -2,43 +2,65 @@
 
     python -m experiments.train method=ccrk data=synthetic trainer=cpu seed=1 optim.lr=5e-4
 
-Runs the method's stages in order (one, for most methods), resumes with ``ckpt_path=last``, and
-writes ``runs/<data>/<method>/<run_id>/metrics.json``.
+Runs the method's stages in order (one, for most methods), resumes an interrupted run exactly with
+``run_id=<id> ckpt_path=last``, and writes ``runs/<data>/<method>/<run_id>/metrics.json``.
+Every split the run uses is read and validated before the first step; a run that would train
+zero steps, or whose loss becomes non-finite, stops with an error and writes no result.
 """
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 from typing import Sequence
 
 import lightning as L
-import torch
 from omegaconf import DictConfig
 
 import methods
 from datamodules.datamodule import CCRDataModule
-from experiments.config import ConfigError, compose
-from experiments.runs import resolve_run_dir, resume_checkpoint, save_config, write_metrics
-from experiments.trainer import Throughput, build_trainer, configure_threads
+from experiments import cli
+from experiments.config import compose
+from experiments.runs import (
+    checkpoints_in,
+    claim_run_dir,
+    load_checkpoint,
+    resume_checkpoint,
+    save_config,
+    write_metrics,
+)
+from experiments.trainer import (
+    StopOnNonFiniteLoss,
+    Throughput,
+    TrainingPosition,
+    build_trainer,
+    configure_threads,
+    free_log_version,
+)
 from methods.layers.base import Stage
 
 DONE = "done.ckpt"
+ROLES = ("train", "val", "test")
 
 
 class StageData(L.LightningDataModule):
-    """The run's datamodule, with the training loader a stage asks for (e.g. parallel text)."""
+    """The run's datamodule, with the training loader a stage asks for (e.g. parallel text),
+    positioned where a resumed checkpoint left off."""
 
-    def __init__(self, data: CCRDataModule, stage: Stage) -> None:
+    def __init__(self, data: CCRDataModule, stage: Stage,
+                 position: TrainingPosition | None = None) -> None:
         super().__init__()
-        self.data, self.stage = data, stage
+        self.data, self.stage, self.position = data, stage, position
 
     def train_dataloader(self):
-        return self.stage.dataloader(self.data)
+        loader = self.stage.dataloader(self.data)
+        if self.position is not None and self.position.resumed is not None:
+            epoch, batches = self.position.resumed
+            loader.sampler.resume(epoch, batches * (loader.batch_size or 1))
+        return loader
 
     def val_dataloader(self):
-        return self.data.val_dataloader()
+        return self.data.val_dataloader() if self.data.cfg.splits.get("val") is not None else []
 
     def test_dataloader(self):
         return self.data.test_dataloader()
@@ -47,10 +69,15 @@ class StageData(L.LightningDataModule):
         return self.data.eval_view(split)
 
 
-def build_datamodule(cfg: DictConfig) -> CCRDataModule:
+def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataModule:
+    """The datamodule with the train split (tokenizer, labels) and every split in ``roles`` that
+    the data defines read and validated now, before anything trains."""
     data = CCRDataModule(cfg.data, seed=cfg.seed)
     data.prepare_data()
     data.setup("fit")
+    for role in roles:
+        if role == "test" or cfg.data.splits.get(role) is not None:
+            data.records(role)
     return data
 
 
@@ -63,34 +90,85 @@ def checkpoint_dir(run_dir: Path, stages: Sequence[Stage], stage: Stage) -> Path
     return run_dir / "checkpoints" if len(stages) == 1 else run_dir / "stages" / stage.name
 
 
+def budget_notice(cfg: DictConfig, stages: Sequence[Stage]) -> str | None:
+    """For a method whose stages carry their own step budgets, which keys bound each stage."""
+    if not any(stage.max_steps is not None for stage in stages):
+        return None
+    parts = [f"{s.name}: {s.budget_key or 'its own budget'}={s.max_steps}" if s.max_steps is not None
+             else f"{s.name}: trainer.max_steps={cfg.trainer.max_steps}" for s in stages]
+    unused = all(s.max_steps is not None for s in stages)
+    return (f"{cfg.method.name} trains in stages with their own step budgets ({'; '.join(parts)})"
+            + (f"; trainer.max_steps={cfg.trainer.max_steps} bounds none of them" if unused else ""))
+
+
+def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage]) -> None:
+    """A stage whose training loader yields no batch would train zero steps: an error."""
+    for stage in stages:
+        loader = stage.dataloader(data)
+        if len(loader) == 0:
+            raise ValueError(
+                f"stage '{stage.name}' would train zero steps: its training loader has no batch "
+                f"({len(loader.dataset)} items, data.batch_size={cfg.data.batch_size}; incomplete "
+                "batches are dropped)"
+            )
+
+
 def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
-    L.seed_everything(cfg.seed, workers=True)
     configure_threads(cfg)
-    run_dir = resolve_run_dir(cfg)
-    save_config(cfg, run_dir)
-    data = build_datamodule(cfg)
-    stages = stages_of(cfg, data)
+    with claim_run_dir(cfg) as run_dir:
+        if cfg.ckpt_path == "last":
+            for path in checkpoints_in(run_dir):
+                load_checkpoint(path)
+        else:
+            if cfg.ckpt_path is not None:
+                load_checkpoint(cfg.ckpt_path)
+            save_config(cfg, run_dir)
+        data = build_datamodule(cfg)
+        stages = stages_of(cfg, data)
+        notice = budget_notice(cfg, stages)
+        if notice:
+            print(f"note: {notice}", flush=True)
+        check_trainable(cfg, data, stages)
+        return _train_stages(cfg, run_dir, data, stages)
+
+
+def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
+                  stages: Sequence[Stage]) -> Path:
     started = time.perf_counter()
     throughput = Throughput()
     previous: Path | None = None
-    steps = 0
+    stage_steps: dict[str, int] = {}
     resumed_from = None
-    for stage in stages:
+    for index, stage in enumerate(stages):
         folder = checkpoint_dir(run_dir, stages, stage)
+        # Each stage starts from its own seed: a stage's result depends on the seed and the
+        # previous stage's checkpoint only, whether or not that stage ran in this process.
+        L.seed_everything(cfg.seed + index, workers=True, verbose=False)
         module = stage.build(previous)
         done = folder / DONE
         if done.exists():  # finished before an interruption: reuse it, do not retrain
-            module.load_state_dict(torch.load(done, map_location="cpu", weights_only=False)["state_dict"])
+            checkpoint = load_checkpoint(done)
+            module.load_state_dict(checkpoint["state_dict"])
+            stage_steps[stage.name] = int(checkpoint["global_step"])
             previous = done
             continue
-        trainer = build_trainer(cfg, run_dir, folder, stage.max_steps, callbacks=[throughput])
         resume = resume_checkpoint(folder, cfg.ckpt_path)
-        if resume is not None and resumed_from is None:
-            resumed_from = torch.load(resume, map_location="cpu", weights_only=False)["global_step"]
-        trainer.fit(module, datamodule=StageData(data, stage), ckpt_path=resume)
-        trainer.save_checkpoint(done)
-        steps += trainer.global_step
+        name = folder.name
+        if resume is not None:
+            step = int(load_checkpoint(resume)["global_step"])
+            resumed_from = step if resumed_from is None else resumed_from
+            name = f"{folder.name}-resumed-at-{step}"
+        position = TrainingPosition()
+        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name)]
+        trainer = build_trainer(cfg, run_dir, folder, stage.max_steps, callbacks=callbacks,
+                                log_version=free_log_version(run_dir, name))
+        trainer.fit(module, datamodule=StageData(data, stage, position), ckpt_path=resume,
+                    weights_only=True)
+        if trainer.global_step == 0:
+            raise ValueError(f"stage '{stage.name}' trained zero steps")
+        trainer.save_checkpoint(done, weights_only=True)  # the weights and step: all a later stage needs
+        stage_steps[stage.name] = trainer.global_step
         previous = done
     trainer = build_trainer(cfg, run_dir, run_dir / "eval", callbacks=[])
     trainer.test(module, datamodule=StageData(data, stages[-1]), verbose=False)
@@ -100,7 +178,8 @@ def train(cfg: DictConfig) -> Path:
             split="test", run_id=run_dir.name, checkpoint=str(previous),
             wall_time_s=round(time.perf_counter() - started, 1),
             train_samples_per_s=round(throughput.samples_per_second, 1),
-            train_steps=steps,
+            train_steps=sum(stage_steps.values()),
+            stage_steps=stage_steps,
             resumed_from_step=resumed_from,
         )
         print(f"metrics: {run_dir / 'metrics.json'}  mR={module.last_report['mR']:.2f}")
@@ -108,11 +187,7 @@ def train(cfg: DictConfig) -> Path:
 
 
 def main(argv: Sequence[str] | None = None) -> None:
-    try:
-        cfg = compose(sys.argv[1:] if argv is None else argv)
-    except ConfigError as err:
-        raise SystemExit(f"config error: {err}") from None
-    train(cfg)
+    cli.run(lambda args: train(compose(args)), argv)
 
 
 if __name__ == "__main__":

@@ -1,15 +1,146 @@
-"""Build the Lightning ``Trainer`` of a run from its ``trainer`` preset, and measure throughput."""
+"""Build the Lightning ``Trainer`` of a run from its ``trainer`` preset, and the callbacks that make
+a run trustworthy: atomic checkpoints, an exact training position for resuming, a stop at the
+first non-finite loss, and throughput."""
 
 from __future__ import annotations
 
+import os
+import random
 import time
 from pathlib import Path
+from typing import Any
 
 import lightning as L
+import numpy as np
 import torch
+from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig
+
+
+class TrainingDiverged(RuntimeError):
+    """The loss became NaN or infinite; the run stops and writes no result."""
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Checkpoints written to a temporary file and renamed into place: an interrupted save (a
+    kill, a full disk) leaves the previous checkpoint intact instead of a truncated one."""
+
+    def save_checkpoint(self, checkpoint: dict[str, Any], path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        staging = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        try:
+            super().save_checkpoint(checkpoint, staging, storage_options)
+            with open(staging, "rb") as f:
+                os.fsync(f.fileno())
+            os.replace(staging, path)
+        finally:
+            staging.unlink(missing_ok=True)
+
+
+def rng_states() -> dict[str, Any]:
+    """The global torch / numpy / python RNG states, as plain tensors and tuples (weights_only)."""
+    kind, keys, position, has_gauss, cached = np.random.get_state()
+    states = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
+                  "position": int(position), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "python": random.getstate(),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        states["cuda"] = torch.cuda.get_rng_state_all()
+    return states
+
+
+def set_rng_states(states: dict[str, Any]) -> None:
+    torch.set_rng_state(states["torch"])
+    n = states["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["position"],
+                         n["has_gauss"], n["cached"]))
+    random.setstate(states["python"])
+    if "cuda" in states and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(states["cuda"])
+
+
+class TrainingPosition(Callback):
+    """Where training stands, saved in every checkpoint: the epoch, the batches already trained in
+    it (the training sampler skips them on resume) and the RNG states (restored just before the
+    first resumed batch). With per-item seeded data this makes a resumed run continue exactly as
+    the uninterrupted one would have.
+
+    Lightning runs checkpoint callbacks after all others, so a checkpoint saved at a batch end
+    already counts that batch.
+    """
+
+    def __init__(self) -> None:
+        self.epoch = 0
+        self.batches = 0
+        self.resumed: tuple[int, int] | None = None
+        self._pending_rng: dict[str, Any] | None = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        if trainer.current_epoch != self.epoch:
+            self.epoch, self.batches = trainer.current_epoch, 0
+        self.batches += 1
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self._pending_rng is not None:
+            set_rng_states(self._pending_rng)
+            self._pending_rng = None
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"epoch": self.epoch, "batches": self.batches, "rng": rng_states()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
+        self.resumed = (self.epoch, self.batches)
+        self._pending_rng = state["rng"]
+
+
+class StopOnNonFiniteLoss(Callback):
+    """Stops training at the first NaN / inf loss, before its backward pass, naming the step and
+    the loss terms the method logged as non-finite in that step; and at the first update that
+    leaves a trainable weight non-finite (a finite loss with an exploding step), before the next
+    step's forward pass or a checkpoint could use those weights."""
+
+    def __init__(self, stage: str) -> None:
+        self.stage = stage
+
+    def on_before_backward(self, trainer, pl_module, loss: torch.Tensor) -> None:
+        if not bool(torch.isfinite(loss).all()):
+            self._stop(trainer, f"loss {float(loss.detach().float().mean())}")
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        weights = [p.detach() for p in pl_module.parameters() if p.requires_grad]
+        if weights and not bool(torch.isfinite(torch.nn.utils.get_total_norm(weights))):
+            loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+            self._stop(trainer, f"the update made trainable weights non-finite (step loss "
+                       f"{float(loss.detach().float().mean()):.4g})", step=trainer.global_step)
+
+    def _stop(self, trainer, what: str, step: int | None = None) -> None:
+        logs = _step_logs(trainer)
+        bad = [f"{name}={value}" for name, value in logs.items() if not np.isfinite(value)]
+        terms = f"non-finite terms: {', '.join(bad)}" if bad else (
+            "logged terms: " + ", ".join(f"{k}={v:.4g}" for k, v in logs.items()) if logs else "")
+        raise TrainingDiverged(
+            f"training diverged at step {trainer.global_step + 1 if step is None else step} of "
+            f"stage '{self.stage}': {what}" + (f"; {terms}" if terms else "")
+        )
+
+
+def _step_logs(trainer) -> dict[str, float]:
+    """The values the method's ``self.log`` recorded in the current training step (``train/loss``,
+    the base module's progress-bar copy of the total, is logged after the step and left out)."""
+    results = getattr(trainer, "_results", None) or {}
+    logs = {}
+    for metric in results.values():
+        value = getattr(metric, "_forward_cache", None)
+        name = getattr(getattr(metric, "meta", None), "name", None)
+        if name not in (None, "train/loss") and isinstance(value, torch.Tensor) and value.numel() == 1:
+            logs[name] = float(value)
+    return logs
 
 
 class Throughput(Callback):
@@ -39,19 +170,32 @@ def configure_threads(cfg: DictConfig) -> None:
         torch.set_num_threads(int(cfg.trainer.cpu_threads))
 
 
+def free_log_version(run_dir: Path, name: str) -> str:
+    """``name``, or ``name-2``, ``name-3``... : a log folder no earlier attempt has used, so a
+    resumed run keeps the logs written before its interruption."""
+    version, n = name, 1
+    while (run_dir / "csv" / version).exists() or (run_dir / "tensorboard" / version).exists():
+        n += 1
+        version = f"{name}-{n}"
+    return version
+
+
 def build_trainer(
     cfg: DictConfig, run_dir: Path, checkpoint_dir: Path, max_steps: int | None = None,
-    callbacks: list[Callback] = (),
+    callbacks: list[Callback] = (), log_version: str | None = None,
 ) -> L.Trainer:
-    """A Trainer that logs to TensorBoard and CSV in ``run_dir`` and checkpoints to ``checkpoint_dir``."""
+    """A Trainer that logs to TensorBoard and CSV in ``run_dir`` (folder ``log_version``, default
+    the checkpoint folder's name) and checkpoints atomically to ``checkpoint_dir``."""
     t = cfg.trainer
+    version = log_version or checkpoint_dir.name
     checkpoint = ModelCheckpoint(
         dirpath=checkpoint_dir, save_last=True, save_top_k=0,
-        every_n_train_steps=max(1, t.checkpoint_every_n_steps),
+        every_n_train_steps=t.checkpoint_every_n_steps,
     )
     loggers = [
-        TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=checkpoint_dir.name),
-        CSVLogger(save_dir=str(run_dir), name="csv", version=checkpoint_dir.name),
+        TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=version),
+        CSVLogger(save_dir=str(run_dir), name="csv", version=version,
+                  flush_logs_every_n_steps=t.log_every_n_steps),
     ]
     return L.Trainer(
         accelerator=t.accelerator,
@@ -70,6 +214,7 @@ def build_trainer(
         num_sanity_val_steps=0,
         logger=loggers,
         callbacks=[checkpoint, TQDMProgressBar(refresh_rate=t.progress_refresh_rate), *callbacks],
+        plugins=[AtomicCheckpointIO()],
         default_root_dir=str(run_dir),
         deterministic=False,
         enable_model_summary=False,

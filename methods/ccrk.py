@@ -18,7 +18,6 @@ re-scored by the fusion encoder and ITM head (§5).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from typing import Any
 
@@ -143,7 +142,6 @@ class CCRk(RetrievalModule):
     # ---- training --------------------------------------------------------------------------------
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        self.clamp_temperature()
         images = batch["images"]
         batch_size, languages, length = batch["input_ids"].shape
         input_ids = batch["input_ids"].reshape(batch_size * languages, length)  # image-major rows j*K + k
@@ -204,11 +202,10 @@ class CCRk(RetrievalModule):
         logits = self.mlm_head(fused[selected])
         return F.cross_entropy(logits.float(), masked.labels[selected])
 
-    @torch.no_grad()
-    def clamp_temperature(self) -> None:
-        """Clamp τ in place to its bounds before each step ([ref]), so it can always move back."""
-        temperature = self.temperature
-        temperature.log_tau.clamp_(math.log(temperature.min_value), math.log(temperature.max_value))
+    def optimizer_step(self, *args, **kwargs) -> None:
+        """Clamp τ in place to its bounds after each optimiser step ([ref]), so it can move back."""
+        super().optimizer_step(*args, **kwargs)
+        self.temperature.clamp_()
 
     def lr_scales(self) -> dict[str, float]:
         """Newly initialised parts (cross-attention, projections, ITM head, τ) train at

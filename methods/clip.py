@@ -60,3 +60,9 @@ class CLIPModule(RetrievalModule):
         loss = self.contrastive_loss(batch)
         self.log("train/temperature", self.temperature().detach(), batch_size=len(batch["present"]))
         return loss
+
+    def optimizer_step(self, *args, **kwargs) -> None:
+        """Clamp τ in place to its bounds after each optimiser step (as CLIP clamps its logit
+        scale): past a bound the clamped forward has no gradient and τ would stay there."""
+        super().optimizer_step(*args, **kwargs)
+        self.temperature.clamp_()

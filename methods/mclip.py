@@ -32,6 +32,7 @@ from torch.optim.lr_scheduler import LambdaLR
 import methods
 from methods.layers.base import RetrievalModule, Stage
 from methods.layers.distillation import fixed_ttc_temperature, freeze, trikd_loss
+from methods.layers.distributed import row_layout
 from methods.layers.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip, resolve_world
 from methods.layers.optim import param_groups
 from methods.registry import register
@@ -186,7 +187,8 @@ def build_mte_stage(method, optim, data, evaluation, joint: bool) -> MTEEnhancem
 
 
 def load_state(path: Path) -> dict[str, Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=False)["state_dict"]
+    """A stage checkpoint's weights (loaded weights-only: no pickled code runs)."""
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
 def load_prefixed(module: nn.Module, state: Mapping[str, Tensor], prefix: str) -> None:
@@ -230,28 +232,47 @@ class MCLIP(RetrievalModule):
         return F.normalize(self.x_projector(mte.states, mte.mask), dim=-1)
 
     def teacher_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """The English captions through the frozen CLIP text tower and the shared projector."""
+        """The English captions through the frozen CLIP text tower and the shared projector. With
+        no caption (a process without English rows this step) the result is an empty [0, D] that
+        still passes the projector, so this process joins the same gathers as the others."""
         with torch.no_grad():
-            features = self.teacher.encode_texts(input_ids, attention_mask)
+            if len(input_ids):
+                features = self.teacher.encode_texts(input_ids, attention_mask)
+            else:
+                features = self.clip_projector.weight.new_zeros(0, self.teacher.embed_dim)
         return F.normalize(self.clip_projector(features), dim=-1)
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         """Per language of the batch: ITC + λ·TTC for English, ITC alone otherwise (the teacher's
-        text tower is never called on other languages); the mean over languages."""
+        text tower is never called on other languages); the mean over the languages present in
+        the global batch.
+
+        Every present caption is encoded in one call; each language's loss then takes its rows,
+        which may be none on this process (DDP: every process runs each language's gathers, and a
+        language no process has this step is skipped by all of them)."""
         cfg = self.method_cfg.trikd
         h_image = self.encode_images(batch["images"])
+        instance, language_index = batch["present"].bool().nonzero(as_tuple=True)
+        ids = batch["input_ids"][instance, language_index]
+        mask = batch["attention_mask"][instance, language_index]
+        h_text = self.encode_texts(ids, mask)
         losses = []
         for k, language in enumerate(batch["languages"]):
-            rows = batch["present"][:, k].bool()
-            ids, mask = trim_padding(batch["input_ids"][rows, k], batch["attention_mask"][rows, k])
-            h_teacher = self.teacher_texts(ids, mask) if language == ENGLISH else None
-            loss = trikd_loss(h_image[rows], self.encode_texts(ids, mask), self.logit_scale,
+            mine = language_index == k
+            layout = row_layout(int(mine.sum()), h_image.device)
+            if layout.total == 0:
+                continue
+            h_teacher = self.teacher_texts(*trim_padding(ids[mine], mask[mine])) if language == ENGLISH else None
+            loss = trikd_loss(h_image[instance[mine]], h_text[mine], self.logit_scale,
                               h_teacher, ttc_weight=cfg.ttc_weight,
                               ttc_temperature=self.ttc_temperature, max_scale=cfg.max_logit_scale)
-            self.log(f"train/itc_{language}", loss.itc.detach(), batch_size=int(rows.sum()))
-            if loss.ttc is not None:
-                self.log(f"train/ttc_{language}", loss.ttc.detach(), batch_size=int(rows.sum()))
+            if layout.local:  # logged as this process's share of the global-batch loss
+                self.log(f"train/itc_{language}", loss.itc.detach(), batch_size=layout.local)
+                if loss.ttc is not None:
+                    self.log(f"train/ttc_{language}", loss.ttc.detach(), batch_size=layout.local)
             losses.append(loss.total)
+        if not losses:
+            raise ValueError("mCLIP TriKD: no process has a present caption in this step")
         return torch.stack(losses).mean()
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
@@ -310,10 +331,11 @@ class MCLIP(RetrievalModule):
                 build = build_teacher_stage if name == "teacher" else build_trikd
                 return Stage(name, build,
                              lambda dm: dm.train_dataloader(languages=list(cfg.languages)),
-                             cfg.max_steps)
+                             cfg.max_steps, f"method.{name}.max_steps")
             joint = name == "mte_ctl"
-            steps = (method.translation.ctl if joint else method.translation.nmt).max_steps
+            part = "ctl" if joint else "nmt"
             return Stage(name, partial(build_mte_stage_from, joint, name),
-                         lambda dm: dm.parallel_dataloader(), steps)
+                         lambda dm: dm.parallel_dataloader(),
+                         method.translation[part].max_steps, f"method.translation.{part}.max_steps")
 
         return [stage(name) for name in names]

@@ -1,14 +1,7 @@
 """Retrieval metrics of CCR Suite: one chunked rank engine and everything derived from ranks."""
 
 from metrics import ranks
-from metrics.classes import (
-    MeanNDCG,
-    MeanRank,
-    MeanRankVariance,
-    MeanReciprocalRank,
-    MedianRank,
-    RecallAtK,
-)
+from metrics.evaluation import RetrievalEvaluation
 from metrics.functional import mean_rank_variance
 from metrics.graded import graded_ndcg
 from metrics.protocol import METRIC_PROTOCOL
@@ -17,7 +10,6 @@ from metrics.report import retrieval_report
 from metrics.reranking import Reranker
 
 __all__ = [
-    "METRIC_PROTOCOL", "MeanNDCG", "MeanRank", "MeanRankVariance", "MeanReciprocalRank", "MedianRank", "RecallAtK",
-    "Reranker", "best_positive_rank", "graded_ndcg", "mean_rank_variance", "paired_ranks",
+    "METRIC_PROTOCOL", "Reranker", "RetrievalEvaluation", "best_positive_rank", "graded_ndcg", "mean_rank_variance", "paired_ranks",
     "rank_and_ndcg", "ranks", "retrieval_report",
 ]

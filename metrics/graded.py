@@ -1,9 +1,15 @@
 """Graded-relevance NDCG@k (image->image, text->text retrieval), chunk by chunk.
 
-DCG@k = sum over ranked items of gain(rel) x discount, tie-averaged (see ``metrics.discount``);
-IDCG@k is the DCG of the k largest gains of the query; a query with no positive gain scores 0.
-Gains: ``"exponential"`` is 2^rel - 1 (CoVLR's protocol), ``"linear"`` is rel (sklearn and
-torchmetrics); both agree for binary relevance.
+Relevance is given per item (image): query ``q`` and candidate ``c`` are as relevant as their items,
+``item_relevance[query_item[q], candidate_item[c]]`` (a caption's item is its image). So the ideal
+DCG depends only on the query's item and is computed once per item from the item's relevance row
+and how many candidates each item has; per query chunk only the top k+1 scores are looked up.
+
+DCG@k = sum over ranked items of gain(rel) x discount, tie-averaged (see ``metrics.discount``), which
+is the expected DCG under uniform random tie-breaking; IDCG@k is the DCG of the k largest gains of
+the query; a query with no positive gain scores 0. Gains: ``"exponential"`` is 2^rel - 1 (the
+suite's adopted choice), ``"linear"`` is rel (sklearn, torchmetrics and CoVLR's code); both agree
+for binary relevance. Inputs are never modified.
 """
 
 from __future__ import annotations
@@ -13,19 +19,51 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from metrics.discount import tie_averaged_discount
+from metrics.discount import position_discounts, tie_averaged_discount
+from metrics.ranks import check_finite_embeddings
 
 GAINS: dict[str, Callable[[Tensor], Tensor]] = {
     "exponential": lambda relevance: torch.pow(2.0, relevance) - 1.0,
     "linear": lambda relevance: relevance,
 }
+EDGE_ROWS = 64  # rows whose tie at position k is recounted over the whole row at once
 
 
-def graded_ndcg_rows(scores: Tensor, gains: Tensor, k: int) -> Tensor:
-    """NDCG@k of each row of ``scores`` [c, M] with item gains ``gains`` [c, M] (float64)."""
+def _check_relevance(item_relevance: Tensor) -> None:
+    bad = int((~torch.isfinite(item_relevance)).sum())
+    if bad:
+        raise ValueError(f"graded NDCG: {bad} non-finite relevance value(s) of {item_relevance.numel()}")
+    negative = int((item_relevance < 0).sum())
+    if negative:
+        raise ValueError(f"graded NDCG: {negative} negative relevance value(s); relevance must be >= 0")
+
+
+def ideal_dcg_per_item(item_gain: Tensor, candidate_item: Tensor, k: int, exclude_self: bool) -> Tensor:
+    """IDCG@k of a query of each item [I]: the k largest gains among the candidates, where item j
+    contributes ``gain[i, j]`` once per candidate of item j (one fewer for the query's own item
+    when the query itself is no candidate)."""
+    num_items = item_gain.shape[0]
+    counts = torch.bincount(candidate_item, minlength=item_gain.shape[1])
+    ordered, order = item_gain.sort(1, descending=True)
+    copies = counts[order]
+    if exclude_self:
+        items = torch.arange(num_items, device=item_gain.device)
+        copies = copies - (order == items[:, None]).long()
+    last_position = copies.cumsum(1)  # positions before which each sorted gain has been used up
+    k = min(k, len(candidate_item))  # no more positions than candidates (the query itself included)
+    positions = torch.arange(k, device=item_gain.device).expand(num_items, k).contiguous()
+    slot = torch.searchsorted(last_position, positions, right=True)
+    inside = slot < ordered.shape[1]
+    best = torch.where(inside, ordered.gather(1, slot.clamp(max=ordered.shape[1] - 1)), 0.0)
+    return (best * position_discounts(k, item_gain.device)).sum(1)
+
+
+def _chunk_dcg(scores: Tensor, gain_at: Callable[[Tensor, Tensor], Tensor], k: int) -> Tensor:
+    """DCG@k of each row of ``scores`` [c, M]; ``gain_at(rows, columns)`` gives item gains."""
     size = min(k + 1, scores.shape[1])
     values, indices = scores.topk(size, dim=1)
-    item_gain = gains.gather(1, indices)
+    rows = torch.arange(len(scores), device=scores.device)
+    item_gain = gain_at(rows[:, None], indices)
     if size < k + 1:
         values = torch.cat([values, values.new_full((len(values), k + 1 - size), float("-inf"))], 1)
         item_gain = torch.cat([item_gain, item_gain.new_zeros(len(values), k + 1 - size)], 1)
@@ -36,42 +74,55 @@ def graded_ndcg_rows(scores: Tensor, gains: Tensor, k: int) -> Tensor:
     inside = top > edge
     dcg = (item_gain[:, :k] * tie_averaged_discount(higher, tied, k) * inside).sum(1)
     edge_rows = (top[:, -1:] == edge).squeeze(1).nonzero().squeeze(1)
-    if len(edge_rows):
-        row_scores, row_edge = scores[edge_rows], edge[edge_rows]
+    columns = torch.arange(scores.shape[1], device=scores.device)
+    for part in edge_rows.split(EDGE_ROWS):
+        row_scores, row_edge = scores[part], edge[part]
         in_block = row_scores == row_edge
         block_higher = (row_scores > row_edge).sum(1)
-        block_gain = (gains[edge_rows] * in_block).sum(1)
+        block_gain = (gain_at(part[:, None], columns[None, :]) * in_block).sum(1)
         block_size = in_block.sum(1).clamp(min=1)  # empty when only -inf padding ties the edge
-        dcg[edge_rows] += block_gain * tie_averaged_discount(block_higher, block_size, k)
-    best = gains.topk(min(k, gains.shape[1]), dim=1).values
-    ideal = (best * (1.0 / torch.log2(torch.arange(best.shape[1], dtype=best.dtype) + 2))).sum(1)
-    return torch.where(ideal > 0, dcg / ideal.clamp(min=torch.finfo(ideal.dtype).tiny), 0.0)
+        dcg[part] += block_gain * tie_averaged_discount(block_higher, block_size, k)
+    return dcg
 
 
 def graded_ndcg(
     query_emb: Tensor,
     candidate_emb: Tensor,
-    relevance_rows: Callable[[int, int], Tensor],
+    query_item: Tensor,
+    candidate_item: Tensor,
+    item_relevance: Tensor,
     *,
     k: int = 10,
     exclude_self: bool = False,
     gain: str = "exponential",
     chunk_size: int = 1024,
 ) -> Tensor:
-    """Per-query graded NDCG@k [Q]. ``relevance_rows(a, b)`` gives the relevance of queries a..b
-    to every candidate; with ``exclude_self``, query i is not a candidate of itself (i2i, t2t)."""
+    """Per-query graded NDCG@k [Q] (float64). ``query_item`` [Q] and ``candidate_item`` [M] index
+    the rows and columns of ``item_relevance`` [I, I]; with ``exclude_self``, query i is not a
+    candidate of itself (i2i, t2t: the same set on both sides)."""
     if gain not in GAINS:
         raise ValueError(f"unknown gain {gain!r}; choose one of {sorted(GAINS)}")
+    check_finite_embeddings("graded NDCG", query_emb, candidate_emb)
+    _check_relevance(item_relevance)
+    item_gain = GAINS[gain](item_relevance.to(torch.float64))
+    ideal = ideal_dcg_per_item(item_gain, candidate_item, k, exclude_self)[query_item]
     num_queries = query_emb.shape[0]
-    result = torch.empty(num_queries, dtype=torch.float64)
+    result = torch.empty(num_queries, dtype=torch.float64, device=query_emb.device)
     for start in range(0, num_queries, chunk_size):
         stop = min(start + chunk_size, num_queries)
         scores = query_emb[start:stop] @ candidate_emb.T
-        gains = GAINS[gain](relevance_rows(start, stop).to(torch.float64))
-        if exclude_self:
-            rows, own = torch.arange(stop - start), torch.arange(start, stop)
-            scores[rows, own] = float("-inf")
-            gains[rows, own] = 0.0
-        result[start:stop] = graded_ndcg_rows(scores, gains, k)
-    return result
+        own_item = query_item[start:stop]
 
+        def gain_at(rows: Tensor, columns: Tensor) -> Tensor:
+            gains = item_gain[own_item[rows], candidate_item[columns]]
+            return torch.where(columns == rows + start, 0.0, gains) if exclude_self else gains
+
+        if exclude_self:
+            rows = torch.arange(stop - start, device=scores.device)
+            scores[rows, rows + start] = float("-inf")
+        dcg = _chunk_dcg(scores, gain_at, k)
+        chunk_ideal = ideal[start:stop]
+        result[start:stop] = torch.where(
+            chunk_ideal > 0, dcg / chunk_ideal.clamp(min=torch.finfo(chunk_ideal.dtype).tiny), 0.0
+        )
+    return result

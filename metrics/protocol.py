@@ -5,10 +5,13 @@ whenever a convention below changes what a metric means.
 """
 
 METRIC_PROTOCOL: dict[str, str | int] = {
-    "version": 2,
-    "ties": "expected rank under uniform random tie-breaking (tie-averaged)",
+    "version": 3,
+    "ties": "expected value under uniform random tie-breaking: R@K is the expected hit probability, "
+            "MRR/MeanR the expected reciprocal/1-based rank, NDCG tie-averaged",
     "recall": "hit: a query counts when any positive is in the top K",
     "captions": "every caption is a query; i2t ranks the captions of the query's language",
-    "median_rank": "floor of the median of 1-based ranks",
-    "ndcg": "binary for cross-modal, exponential gain for graded i2i/t2t",
+    "median_rank": "floor of the median of the expected 1-based ranks",
+    "ndcg": "binary for cross-modal; graded i2i/t2t with exponential gain 2^rel-1, relevance per image",
+    "mrv": "mean over images of the std of expected ranks across data.mrv_languages; all/MRV = mean of TR and IR",
+    "non_finite": "a NaN or infinite embedding or score is an error, never a score",
 }

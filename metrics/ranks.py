@@ -1,15 +1,15 @@
-"""The rank engine: each query's 0-based rank of its best positive, computed chunk by chunk.
+"""The rank engine: each query's rank block (``metrics.ties``), computed chunk by chunk.
 
-Tie rule (optimistic): a query's rank is the number of candidates scoring *strictly higher* than its
-best-scoring positive, so a positive tied with negatives is ranked first among them. The
-argsort-per-row evaluator of the methods' public code (ALBEF ``itm_eval``) gives the same rank
-whenever the best positive's score is not tied; with ties its order is whatever the unstable sort
-returns, so its rank is ours plus some number between 0 and the number of tied negatives.
+For every query it counts the candidates scoring strictly higher than its best-scoring positive,
+the candidates tied with that score (the positive included) and the positives among them; every
+rank metric is then the expectation under uniform random tie-breaking. Without ties the rank is the
+one the argsort-per-row evaluator of the methods' public code (ALBEF ``itm_eval``) gives.
 
 Positives are given by groups: candidate ``c`` is a positive of query ``q`` exactly when
 ``candidate_group[c] == query_group[q]`` (for image->text, the group is the image index of each
 caption; for text->image, the caption's image against ``arange(N)``). Nothing of size
-queries x candidates is ever held: memory is O(chunk x candidates).
+queries x candidates is ever held: memory is O(chunk x candidates). Every tensor is allocated on
+the device of the inputs. NaN or infinite embeddings or scores are an error.
 """
 
 from __future__ import annotations
@@ -22,6 +22,7 @@ from torch import Tensor
 
 from metrics.discount import ideal_binary_dcg, tie_averaged_discount
 from metrics.reranking import Reranker, rerank_chunk
+from metrics.ties import expected_rank, rank_blocks
 
 
 def group_starts(sorted_groups: Tensor, num_groups: int) -> Tensor:
@@ -38,7 +39,7 @@ def positive_lists(query_group: Tensor, candidate_group: Tensor) -> tuple[Tensor
     starts = group_starts(candidate_group[order], num_groups)
     start, count = starts[query_group], starts[query_group + 1] - starts[query_group]
     width = max(int(count.max()) if count.numel() else 0, 1)
-    offsets = torch.arange(width)
+    offsets = torch.arange(width, device=query_group.device)
     valid = offsets[None, :] < count[:, None]
     slot = (start[:, None] + offsets[None, :] * valid).clamp(max=max(len(order) - 1, 0))
     return order[slot], valid
@@ -55,7 +56,8 @@ def count_compare(compare, part: Tensor, threshold: Tensor, dim: int, scratch: T
     """
     if part.shape[dim] >= MAX_EXACT_COUNT:
         raise ValueError(f"cannot count over {part.shape[dim]} candidates (limit {MAX_EXACT_COUNT})")
-    scratch = torch.empty(part.shape, dtype=torch.float32) if scratch is None else scratch
+    if scratch is None:
+        scratch = torch.empty(part.shape, dtype=torch.float32, device=part.device)
     compare(part, threshold, out=scratch)
     return scratch.sum(dim).long()
 
@@ -66,9 +68,36 @@ def count_above(parts: list[Tensor], threshold: Tensor, scratch: list[Tensor] | 
     return sum(count_compare(torch.gt, p, threshold[:, None], 1, b) for p, b in zip(parts, buffers))
 
 
-def count_equal(parts: list[Tensor], value: Tensor) -> Tensor:
+def count_equal(parts: list[Tensor], value: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
     """Per row, how many scores across ``parts`` equal ``value`` [rows]."""
-    return sum(count_compare(torch.eq, part, value[:, None], 1) for part in parts)
+    buffers = scratch or [None] * len(parts)
+    return sum(count_compare(torch.eq, p, value[:, None], 1, b) for p, b in zip(parts, buffers))
+
+
+def count_non_finite(matrix: Tensor) -> tuple[int, int]:
+    """(rows, columns) of ``matrix`` holding a NaN or infinite entry."""
+    bad = ~torch.isfinite(matrix)
+    return int(bad.any(1).sum()), int(bad.any(0).sum())
+
+
+def check_finite_embeddings(what: str, query_emb: Tensor, candidate_emb: Tensor) -> None:
+    """Raise naming how many query and candidate embeddings hold a NaN or infinity."""
+    queries, candidates = count_non_finite(query_emb)[0], count_non_finite(candidate_emb)[0]
+    if queries or candidates:
+        raise ValueError(
+            f"{what}: non-finite embeddings in {queries} of {len(query_emb)} queries and "
+            f"{candidates} of {len(candidate_emb)} candidates"
+        )
+
+
+def check_finite_scores(what: str, scores: Tensor) -> None:
+    """Raise naming how many queries (rows) and candidates (columns) hold a NaN or infinity."""
+    queries, candidates = count_non_finite(scores)
+    if queries:
+        raise ValueError(
+            f"{what}: non-finite scores in {queries} of {scores.shape[0]} queries and "
+            f"{candidates} of {scores.shape[1]} candidates"
+        )
 
 
 def window_top(parts: list[Tensor], size: int) -> Tensor:
@@ -112,23 +141,28 @@ def _rank_rows(
     rerank_k: int,
     direction: str,
 ) -> tuple[Tensor, Tensor]:
-    """Ranks and binary NDCG@ndcg_k of every query, one row chunk of scores at a time."""
+    """Rank blocks and binary NDCG@ndcg_k of every query, one row chunk of scores at a time."""
     positive_index, valid = positive_lists(query_group, candidate_group)
     missing = (~valid.any(1)).nonzero()
     if len(missing):
         raise ValueError(f"query {int(missing[0])} ({direction}) has no positive candidate")
-    ranks = torch.empty(num_queries, dtype=torch.long)
-    ndcg = torch.empty(num_queries, dtype=torch.float64)
+    device = query_group.device
+    blocks = torch.empty(num_queries, 3, dtype=torch.long, device=device)
+    ndcg = torch.empty(num_queries, dtype=torch.float64, device=device)
     for start in range(0, num_queries, chunk_size):
         stop = min(start + chunk_size, num_queries)
         scores = score_rows(start, stop)
         if reranker is not None and rerank_k > 0:
-            scores = rerank_chunk(scores, torch.arange(start, stop), reranker, rerank_k, direction)
+            rows = torch.arange(start, stop, device=device)
+            scores = rerank_chunk(scores, rows, reranker, rerank_k, direction)
         positive = scores.gather(1, positive_index[start:stop])
-        best = positive.masked_fill(~valid[start:stop], float("-inf")).amax(1)
-        ranks[start:stop] = count_above([scores], best)
-        ndcg[start:stop] = positive_ndcg([scores], positive, valid[start:stop], ndcg_k)
-    return ranks, ndcg
+        rows_valid = valid[start:stop]
+        best = positive.masked_fill(~rows_valid, float("-inf")).amax(1)
+        tied_positives = ((positive == best[:, None]) & rows_valid).sum(1)
+        blocks[start:stop] = rank_blocks(count_above([scores], best), count_equal([scores], best),
+                                         tied_positives)
+        ndcg[start:stop] = positive_ndcg([scores], positive, rows_valid, ndcg_k)
+    return blocks, ndcg
 
 
 def rank_and_ndcg(
@@ -144,7 +178,8 @@ def rank_and_ndcg(
     rerank_k: int = 0,
     direction: str = "i2t",
 ) -> tuple[Tensor, Tensor]:
-    """Best-positive ranks [Q] and binary NDCG@ndcg_k [Q] from embeddings or a score matrix.
+    """Rank blocks [Q, 3] (``metrics.ties``) and binary NDCG@ndcg_k [Q] from embeddings or a
+    score matrix.
 
     Give either ``query_emb`` [Q, D] and ``candidate_emb`` [M, D] (scores are their dot products,
     computed per chunk) or ``scores`` [Q, M] (e.g. already re-ranked scores). With ``reranker``
@@ -155,11 +190,13 @@ def rank_and_ndcg(
     ``reranker`` receives local indices (rows of the queries, columns of the candidates).
     """
     if scores is not None:
+        check_finite_scores(direction, scores)
         return _rank_rows(
             lambda a, b: scores[a:b], scores.shape[0], query_group, candidate_group,
             chunk_size=chunk_size, ndcg_k=ndcg_k, reranker=reranker, rerank_k=rerank_k,
             direction=direction,
         )
+    check_finite_embeddings(direction, query_emb, candidate_emb)
     return _rank_rows(
         lambda a, b: query_emb[a:b] @ candidate_emb.T, query_emb.shape[0], query_group,
         candidate_group, chunk_size=chunk_size, ndcg_k=ndcg_k, reranker=reranker,
@@ -179,22 +216,23 @@ def best_positive_rank(
     rerank_k: int = 0,
     direction: str = "i2t",
 ) -> Tensor:
-    """0-based rank of each query's best positive (see module docstring and ``rank_and_ndcg``)."""
-    ranks, _ = rank_and_ndcg(
+    """Expected 0-based rank of each query's first positive, float64 [Q] (see ``metrics.ties``
+    and ``rank_and_ndcg``)."""
+    blocks, _ = rank_and_ndcg(
         query_emb, candidate_emb, query_group, candidate_group, scores=scores,
         chunk_size=chunk_size, reranker=reranker, rerank_k=rerank_k, direction=direction,
     )
-    return ranks
+    return expected_rank(blocks)
 
 
 @dataclass
 class PairedRanks:
-    """Both directions of one image set against one caption set; i2t rank is -1 for an image
-    without captions (it is no query)."""
+    """Both directions of one image set against one caption set as rank blocks; an image without
+    captions (it is no query) has an i2t block of -1."""
 
-    i2t_rank: Tensor   # [N]
+    i2t_rank: Tensor   # [N, 3]
     i2t_ndcg: Tensor   # [N]
-    t2i_rank: Tensor   # [T]
+    t2i_rank: Tensor   # [T, 3]
     t2i_ndcg: Tensor   # [T]
 
 
@@ -210,45 +248,51 @@ def paired_ranks(
     are compared, never a recomputation that could differ in rounding. Each score is then compared
     once along its row (image->text) and once along its column (text->image).
     """
+    check_finite_embeddings("paired ranks", image_emb, text_emb)
     num_images, num_captions = image_emb.shape[0], text_emb.shape[0]
+    device = image_emb.device
     order = torch.argsort(caption_image, stable=True)
     texts, owner = text_emb[order], caption_image[order]
     first_caption = group_starts(owner, num_images)
-    positive_index, valid = positive_lists(torch.arange(num_images), owner)
+    positive_index, valid = positive_lists(torch.arange(num_images, device=device), owner)
     chunks = [(a, min(a + chunk_size, num_images)) for a in range(0, num_images, chunk_size)]
 
-    diagonal, gold = [], torch.empty(num_captions, dtype=image_emb.dtype)
+    diagonal = []
+    gold = torch.empty(num_captions, dtype=image_emb.dtype, device=device)
     for a, b in chunks:
         lo, hi = int(first_caption[a]), int(first_caption[b])
         block = image_emb[a:b] @ texts[lo:hi].T
-        gold[lo:hi] = block[owner[lo:hi] - a, torch.arange(hi - lo)]
+        gold[lo:hi] = block[owner[lo:hi] - a, torch.arange(hi - lo, device=device)]
         diagonal.append(block)
 
-    i2t_rank = torch.empty(num_images, dtype=torch.long)
-    i2t_ndcg = torch.zeros(num_images, dtype=torch.float64)
-    t2i_higher = torch.zeros(num_captions, dtype=torch.long)
-    t2i_tied = torch.zeros(num_captions, dtype=torch.long)
+    i2t_rank = torch.empty(num_images, 3, dtype=torch.long, device=device)
+    i2t_ndcg = torch.zeros(num_images, dtype=torch.float64, device=device)
+    t2i_higher = torch.zeros(num_captions, dtype=torch.long, device=device)
+    t2i_tied = torch.zeros(num_captions, dtype=torch.long, device=device)
     for (a, b), block in zip(chunks, diagonal):
         lo, hi = int(first_caption[a]), int(first_caption[b])
         spans = [(0, lo, None), (lo, hi, block), (hi, num_captions, None)]
         spans = [(start, stop, stored) for start, stop, stored in spans if stop > start]
         parts = [image_emb[a:b] @ texts[start:stop].T if stored is None else stored
                  for start, stop, stored in spans]
-        scratch = [torch.empty(part.shape, dtype=torch.float32) for part in parts]
+        scratch = [torch.empty(part.shape, dtype=torch.float32, device=device) for part in parts]
         for part, buffer, (start, stop, _) in zip(parts, scratch, spans):
             columns = slice(start, stop)
             t2i_higher[columns] += count_compare(torch.gt, part, gold[columns], 0, buffer)
             t2i_tied[columns] += count_compare(torch.eq, part, gold[columns], 0, buffer)
         rows_valid = valid[a:b]
         positive = gold[positive_index[a:b]].masked_fill(~rows_valid, float("-inf"))
-        i2t_rank[a:b] = count_above(parts, positive.amax(1), scratch)
+        best = positive.amax(1)
+        tied_positives = (positive == best[:, None]).sum(1)
+        i2t_rank[a:b] = rank_blocks(count_above(parts, best, scratch),
+                                    count_equal(parts, best, scratch), tied_positives)
         has_caption = rows_valid.any(1)
         scores_ndcg = positive_ndcg(parts, positive, rows_valid, ndcg_k)
         i2t_ndcg[a:b] = torch.where(has_caption, scores_ndcg, 0.0)
     i2t_rank[~valid.any(1)] = -1
 
-    t2i_rank = torch.empty_like(t2i_higher)
-    t2i_rank[order] = t2i_higher
-    t2i_ndcg = torch.empty(num_captions, dtype=torch.float64)
+    t2i_rank = torch.empty(num_captions, 3, dtype=torch.long, device=device)
+    t2i_rank[order] = rank_blocks(t2i_higher, t2i_tied, torch.ones_like(t2i_tied))
+    t2i_ndcg = torch.empty(num_captions, dtype=torch.float64, device=device)
     t2i_ndcg[order] = tie_averaged_discount(t2i_higher, t2i_tied, ndcg_k)
     return PairedRanks(i2t_rank, i2t_ndcg, t2i_rank, t2i_ndcg)

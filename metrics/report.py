@@ -9,8 +9,9 @@ from torch import Tensor
 
 from metrics import functional
 from metrics.graded import graded_ndcg
-from metrics.ranks import paired_ranks, rank_and_ndcg
+from metrics.ranks import count_non_finite, paired_ranks, rank_and_ndcg
 from metrics.reranking import Reranker
+from metrics.ties import HIGHER
 
 
 def _check_inputs(image_emb, text_emb, caption_image, caption_language, image_ids) -> None:
@@ -28,13 +29,33 @@ def _check_inputs(image_emb, text_emb, caption_image, caption_language, image_id
     if len(outside):
         row = int(outside[0])
         raise ValueError(f"retrieval_report: caption {row} points to image {int(caption_image[row])} of {num_images}")
+    bad_images, bad_captions = count_non_finite(image_emb)[0], count_non_finite(text_emb)[0]
+    if bad_images or bad_captions:
+        raise ValueError(
+            f"retrieval_report: non-finite embeddings: {bad_images} of {num_images} images and "
+            f"{bad_captions} of {num_captions} captions (each is a query in one direction and a "
+            f"candidate in the other)"
+        )
+
+
+def _mrv_languages(languages: list[str], mrv_languages: Sequence[str] | None) -> list[str]:
+    """The languages MRV is computed over: all evaluated ones, or the given subset (in its order)."""
+    if mrv_languages is None:
+        return languages
+    unknown = [lang for lang in mrv_languages if lang not in languages]
+    if unknown or not mrv_languages:
+        raise ValueError(
+            f"retrieval_report: mrv_languages {list(mrv_languages)} must be a non-empty subset of "
+            f"the evaluated languages {languages}"
+        )
+    return list(dict.fromkeys(mrv_languages))
 
 
 def _first_caption_per_image(caption_image: Tensor) -> tuple[Tensor, Tensor]:
     """(images, position of each image's first caption) for the images that have captions."""
     images, slot = torch.unique(caption_image, return_inverse=True)
-    positions = torch.arange(len(caption_image))
-    first = torch.full((len(images),), len(caption_image), dtype=torch.long)
+    positions = torch.arange(len(caption_image), device=caption_image.device)
+    first = torch.full((len(images),), len(caption_image), dtype=torch.long, device=caption_image.device)
     return images, first.scatter_reduce(0, slot, positions, reduce="amin")
 
 
@@ -44,7 +65,7 @@ def _language_ranks(image_emb, text_emb, captions, caption_image, *, ndcg_k, chu
     owners = caption_image[captions]
     if reranker is None or rerank_k <= 0:
         paired = paired_ranks(image_emb, text_emb[captions], owners, chunk_size=chunk_size, ndcg_k=ndcg_k)
-        queries = (paired.i2t_rank >= 0).nonzero().squeeze(1)
+        queries = (paired.i2t_rank[:, HIGHER] >= 0).nonzero().squeeze(1)
         return (queries, paired.i2t_rank[queries], paired.i2t_ndcg[queries], paired.t2i_rank,
                 paired.t2i_ndcg)
     queries = torch.unique(owners)
@@ -54,7 +75,7 @@ def _language_ranks(image_emb, text_emb, captions, caption_image, *, ndcg_k, chu
         reranker=lambda d, q, c: reranker(d, queries[q], captions[c]),
     )
     t2i = rank_and_ndcg(
-        text_emb[captions], image_emb, owners, torch.arange(image_emb.shape[0]),
+        text_emb[captions], image_emb, owners, torch.arange(image_emb.shape[0], device=owners.device),
         chunk_size=chunk_size, ndcg_k=ndcg_k, direction="t2i", rerank_k=rerank_k,
         reranker=lambda d, q, c: reranker(d, captions[q], c),
     )
@@ -83,19 +104,25 @@ def retrieval_report(
     reranker: Reranker | None = None,
     rerank_k: int = 0,
     image_relevance: Tensor | None = None,
+    mrv_languages: Sequence[str] | None = None,
 ) -> dict[str, float]:
     """Every retrieval score of an evaluated set, as one flat dict (keys in docs/interfaces.md).
 
     Per language, image->text ranks an image's captions of that language among all captions of
     that language (images without one are no query); text->image ranks all images for each
-    caption. MRV (``all/MRV_*``) matches instances by image, uses each image's rank per language
-    (TR) and its first caption's rank per language (IR), drops images missing a language and
-    reports their count; it is NaN with fewer than two languages. ``image_ids`` names the images;
-    the instance key is the image's position, so ids must be unique.
+    caption. ``mR_non_en`` averages the per-language mR of every language but English (present
+    when there is one). MRV (``all/MRV_*``) is computed over ``mrv_languages`` (None: every
+    evaluated language); it matches instances by image, uses each image's expected rank per
+    language (TR) and its first caption's expected rank per language (IR), drops images missing a
+    language and reports their count; one language gives 0. ``all/MRV`` is the mean of the TR and
+    IR MRV_std. ``image_ids`` names the images; the instance key is the image's position, so ids
+    must be unique. NaN or infinite embeddings are an error.
     """
     _check_inputs(image_emb, text_emb, caption_image, caption_language, image_ids)
     languages = list(dict.fromkeys(caption_language))
-    language_of = torch.tensor([languages.index(lang) for lang in caption_language], dtype=torch.long)
+    mrv_set = _mrv_languages(languages, mrv_languages)
+    language_of = torch.tensor([languages.index(lang) for lang in caption_language], dtype=torch.long,
+                               device=caption_image.device)
     report: dict[str, float] = {}
     mrv_rows = {"i2t": [], "t2i": []}
     for slot, lang in enumerate(languages):
@@ -108,22 +135,33 @@ def retrieval_report(
         report |= _direction_scores(f"{lang}/t2i", t2i_rank, t2i_ndcg, ks, ndcg_k)
         recalls = [report[f"{lang}/{d}/R@{k}"] for d in ("i2t", "t2i") for k in ks]
         report[f"{lang}/mR"] = sum(recalls) / len(recalls)
-        images, first = _first_caption_per_image(caption_image[captions])
-        mrv_rows["i2t"].append((queries, torch.full_like(queries, slot), i2t_rank))
-        mrv_rows["t2i"].append((images, torch.full_like(images, slot), t2i_rank[first]))
+        if lang in mrv_set:
+            images, first = _first_caption_per_image(caption_image[captions])
+            mrv_slot = mrv_set.index(lang)
+            mrv_rows["i2t"].append((queries, torch.full_like(queries, mrv_slot), i2t_rank))
+            mrv_rows["t2i"].append((images, torch.full_like(images, mrv_slot), t2i_rank[first]))
     report["mR"] = sum(report[f"{lang}/mR"] for lang in languages) / len(languages)
-    for direction, rows in mrv_rows.items():
-        instance, language, ranks = (torch.cat(column) for column in zip(*rows))
-        variance, std, incomplete = functional.mean_rank_variance(instance, language, ranks, len(languages))
-        if len(languages) < 2:
-            variance = std = float("nan")
-        report[f"all/MRV_var/{direction}"] = variance
-        report[f"all/MRV_std/{direction}"] = std
-        complete = len(torch.unique(instance)) - incomplete
-    report["all/MRV_dropped"] = float(image_emb.shape[0] - complete)
+    non_english = [lang for lang in languages if lang != "en"]
+    if non_english:
+        report["mR_non_en"] = sum(report[f"{lang}/mR"] for lang in non_english) / len(non_english)
+    report |= _mrv_scores(mrv_rows, len(mrv_set), image_emb.shape[0])
     if image_relevance is not None:
         report |= _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ndcg_k, chunk_size)
     return report
+
+
+def _mrv_scores(mrv_rows: dict[str, list], num_languages: int, num_images: int) -> dict[str, float]:
+    """``all/MRV_var|std/{i2t,t2i}``, their combined ``all/MRV`` and ``all/MRV_dropped``."""
+    scores: dict[str, float] = {}
+    for direction, rows in mrv_rows.items():
+        instance, language, ranks = (torch.cat(column) for column in zip(*rows))
+        variance, std, incomplete = functional.mean_rank_variance(instance, language, ranks, num_languages)
+        scores[f"all/MRV_var/{direction}"] = variance
+        scores[f"all/MRV_std/{direction}"] = std
+        complete = len(torch.unique(instance)) - incomplete
+    scores["all/MRV"] = (scores["all/MRV_std/i2t"] + scores["all/MRV_std/t2i"]) / 2
+    scores["all/MRV_dropped"] = float(num_images - complete)
+    return scores
 
 
 def _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ndcg_k, chunk_size):
@@ -134,9 +172,9 @@ def _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ndcg_k, 
             f"retrieval_report: image_relevance has shape {tuple(image_relevance.shape)}, "
             f"expected ({num_images}, {num_images})"
         )
-    i2i = graded_ndcg(image_emb, image_emb, lambda a, b: image_relevance[a:b], k=ndcg_k,
+    images = torch.arange(num_images, device=caption_image.device)
+    i2i = graded_ndcg(image_emb, image_emb, images, images, image_relevance, k=ndcg_k,
                       exclude_self=True, chunk_size=chunk_size)
-    t2t = graded_ndcg(text_emb, text_emb,
-                      lambda a, b: image_relevance[caption_image[a:b]][:, caption_image],
+    t2t = graded_ndcg(text_emb, text_emb, caption_image, caption_image, image_relevance,
                       k=ndcg_k, exclude_self=True, chunk_size=chunk_size)
     return {f"i2i/NDCG@{ndcg_k}": i2i.mean().item(), f"t2t/NDCG@{ndcg_k}": t2t.mean().item()}

@@ -131,6 +131,7 @@ class ToyData(L.LightningDataModule):
             caption_language=["en", "de"] * N_IMAGES,
             languages=["en", "de"],
             relevance=None,
+            mrv_languages=None,
         )
 
 
@@ -166,7 +167,7 @@ def fake_report(monkeypatch):
         )
         return {"mR": 42.0, "en/i2t/R@1": 50.0}
 
-    monkeypatch.setattr(metrics, "retrieval_report", report, raising=False)
+    monkeypatch.setattr(metrics.evaluation, "retrieval_report", report)
     return calls
 
 

@@ -6,6 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from methods.layers.distributed import RowLayout
 from methods.layers.one_to_k import one_to_k_i2t, one_to_k_terms, positive_mask
 
 
@@ -92,7 +93,7 @@ def test_equal_positive_logits_relate_to_multi_positive_infonce():
     positives = positive_mask(torch.tensor([0]), 2, languages)
     log_p = logits.log_softmax(1)
     multi_positive = -torch.logsumexp(log_p[positives], 0)
-    assert one_to_k_i2t(logits, positives).item() == pytest.approx(
+    assert one_to_k_i2t(logits, positives).mean().item() == pytest.approx(
         multi_positive.item() + math.log(languages), abs=1e-6
     )
 
@@ -102,7 +103,7 @@ def test_gradient_is_softmax_minus_soft_target():
     logits = torch.randn(batch, batch * languages, generator=torch.Generator().manual_seed(1))
     logits.requires_grad_(True)
     positives = positive_mask(torch.arange(batch), batch, languages)
-    one_to_k_i2t(logits, positives).backward()
+    one_to_k_i2t(logits, positives).mean().backward()
     target = positives.float() / languages
     assert torch.allclose(logits.grad, (logits.detach().softmax(1) - target) / batch, atol=1e-6)
 
@@ -114,7 +115,7 @@ def test_optimum_gives_each_positive_probability_one_over_k():
     optimizer = torch.optim.SGD([logits], lr=5.0)
     for _ in range(300):
         optimizer.zero_grad()
-        one_to_k_i2t(logits, positives).backward()
+        one_to_k_i2t(logits, positives).mean().backward()
         optimizer.step()
     probabilities = logits.detach().softmax(1)[0]
     assert torch.allclose(probabilities[:languages], torch.full((languages,), 1 / languages), atol=1e-3)
@@ -141,8 +142,8 @@ def test_local_queries_against_global_candidates_split_the_global_mean():
     full = kcl(image, text, 0.1)
     parts = [
         one_to_k_terms(image[s : s + half], text[s * languages : (s + half) * languages], image, text,
-                       0.1, first_instance=s)
-        for s in (0, half)
+                       0.1, layout=RowLayout(counts=(half, batch - half), rank=r))
+        for r, s in enumerate((0, half))
     ]
     assert torch.allclose((parts[0].i2t + parts[1].i2t) / 2, full.i2t, atol=1e-6)
     assert torch.allclose((parts[0].t2i + parts[1].t2i) / 2, full.t2i, atol=1e-6)

@@ -128,3 +128,19 @@ def test_clip_learns_a_toy_matching_problem():
         )
     assert after < before / 3, (before, after)
     assert (scores.argmax(1) == torch.arange(12)).float().mean() >= 0.75
+
+
+def test_training_clamps_the_temperature_in_place_at_clips_bound():
+    """τ pushed below 0.01 (logit scale > 100) sits where the clamped forward has no gradient;
+    Lightning's optimiser step must put it back on the bound. lr 0: only the clamp moves it."""
+    import math
+
+    module = _clip()
+    assert (module.temperature.min_value, module.temperature.max_value) == (0.01, 1.0)
+    module.optim_cfg.lr = 0.0
+    with torch.no_grad():
+        module.temperature.log_tau.fill_(math.log(1e-4))
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(module, train_dataloaders=DataLoader([_toy_batch(6)], batch_size=None))
+    assert module.temperature.log_tau.item() == pytest.approx(math.log(0.01))

@@ -51,3 +51,25 @@ def test_method_preset_may_fix_the_protocol_and_the_cli_still_wins():
     assert "protocol" not in compose(["method=mclip"]).method
     assert compose(["method=mclip", "protocol=fine-tune"]).protocol == "fine-tune"
     assert compose(["method=clip"]).protocol == "default"
+
+
+@pytest.mark.parametrize("override, key", [
+    ("trainer.max_steps=abc", "trainer.max_steps"),
+    ("optim.lr=abc", "optim.lr"),
+    ("data.batch_size=-4", "data.batch_size"),
+    ("data.languages=en", "data.languages"),
+    ("trainer.max_steps=0", "trainer.max_steps"),
+    ("data.on_missing_image=skipp", "data.on_missing_image"),
+])
+def test_wrong_type_sign_or_shape_names_the_key_at_compose_time(override, key):
+    with pytest.raises(ConfigError) as err:
+        compose([override])
+    message = str(err.value)
+    assert f"'{key}'" in message and "\n" not in message
+
+
+def test_every_preset_combination_composes_against_the_schema():
+    for method in available("method"):
+        for data in available("data"):
+            cfg = compose([f"method={method}", f"data={data}"])
+            assert isinstance(list(cfg.data.languages), list)

@@ -10,7 +10,7 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from PIL import Image
-from torch.utils.data import RandomSampler
+from datamodules.datamodule import EpochSampler
 
 from datamodules.datamodule import CCRDataModule
 
@@ -55,7 +55,7 @@ def test_info_after_setup(dm, tmp_path):
 def test_training_batch_shapes_and_dtypes(dm):
     loader = dm.train_dataloader()
     # shuffled and drop_last: under DDP Lightning swaps in its DistributedSampler
-    assert loader.drop_last and isinstance(loader.sampler, RandomSampler)
+    assert loader.drop_last and isinstance(loader.sampler, EpochSampler)
     batch = next(iter(loader))
     assert batch["images"].shape == (8, 3, 32, 32) and batch["images"].dtype == torch.float32
     assert batch["input_ids"].shape == batch["attention_mask"].shape == (8, 6, 40)
@@ -140,7 +140,7 @@ def test_val_and_test_loaders_are_image_then_caption_loaders(dm):
 
 def test_parallel_view_pairs_translations_one_pair_per_batch(dm):
     loader = dm.parallel_dataloader()
-    dataset = loader.dataset
+    dataset = loader.dataset.dataset  # SeededItems wraps the ParallelBatches
     strict = [r for r in dm.records("train") if r.extras["alignment"] == "strict"]
     weak = [r for r in dm.records("train") if r.extras["alignment"] == "weak"]
     assert weak and strict
@@ -225,3 +225,16 @@ def test_a_reader_dataset_through_the_same_path(tmp_path):
     assert module.eval_view("val").relevance is None
     with pytest.raises(ValueError, match="has no test split"):
         module.eval_view("test")
+
+
+def test_a_sampler_resumed_in_a_later_epoch_continues_that_epochs_order():
+    """Lightning restarts a mid-epoch run without calling ``set_epoch``: the resumed sampler must
+    still yield the rest of the epoch it stopped in, not epoch 0's order."""
+    data = list(range(24))
+    whole = EpochSampler(data, seed=3)
+    whole.set_epoch(2)
+    expected = list(whole)[8:]
+    resumed = EpochSampler(data, seed=3)
+    resumed.resume(2, 8)
+    assert list(resumed) == expected
+    assert all(epoch == 2 for epoch, _ in expected)

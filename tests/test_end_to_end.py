@@ -3,14 +3,11 @@ an interrupted run resumes from its last checkpoint."""
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
-import torch
 
 import methods
 from experiments.config import compose
@@ -60,28 +57,63 @@ def test_method_trains_evaluates_and_reevaluates(method, world, tmp_path):
     assert (run_dir / "eval" / "test-itc" / "metrics.json").exists()
 
 
-@pytest.mark.slow
-def test_killed_run_resumes_from_its_last_checkpoint(world, tmp_path):
-    runs = tmp_path / "runs"
-    argv = smoke_overrides("clip", world, runs, "run_id=interrupted",
-                           "trainer.max_steps=100000", "trainer.checkpoint_every_n_steps=3")
+def _run(script_args, runs, world, run_id, *extra):
+    argv = smoke_overrides("clip", world, runs, f"run_id={run_id}", "trainer.max_steps=12",
+                           "trainer.checkpoint_every_n_steps=4", "trainer.check_val_every_n_epoch=1",
+                           *extra)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    proc = subprocess.Popen([sys.executable, "-m", "experiments.train", *argv], cwd=REPO, env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    last = runs / "synthetic" / "clip" / "interrupted" / "checkpoints" / "last.ckpt"
-    deadline = time.time() + 240
-    while not last.exists() and time.time() < deadline and proc.poll() is None:
-        time.sleep(0.5)
-    time.sleep(1.0)  # let the checkpoint file be written completely
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    assert last.exists(), "the run never wrote a checkpoint"
-    step = torch.load(last, map_location="cpu", weights_only=False)["global_step"]
-    assert step >= 3
+    return subprocess.run([sys.executable, *script_args, *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True)
 
-    resumed = smoke_overrides("clip", world, runs, "run_id=interrupted", "ckpt_path=last",
-                              f"trainer.max_steps={step + 4}", "trainer.checkpoint_every_n_steps=3")
-    run_dir = train(compose(resumed))
-    result = json.loads((run_dir / "metrics.json").read_text())
-    assert result["resumed_from_step"] == step
-    assert result["train_steps"] == step + 4
+
+@pytest.fixture(scope="module")
+def uninterrupted(world, tmp_path_factory):
+    runs = tmp_path_factory.mktemp("runs")
+    done = _run(["-m", "experiments.train"], runs, world, "whole")
+    assert done.returncode == 0, done.stderr[-2000:]
+    return json.loads((runs / "synthetic" / "clip" / "whole" / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("signal_name, at_batch, resumed_step", [
+    ("KILL", 6, 4),
+    ("INT", 10, 8),
+    ("KILL", 10, 8),
+])
+def test_interrupted_run_resumes_exactly(signal_name, at_batch, resumed_step, world, tmp_path,
+                                         uninterrupted):
+    """48 training records in batches of 8: 6 batches an epoch, so both resumes start mid-epoch."""
+    runs = tmp_path / "runs"
+    killed = _run([str(REPO / "tests" / "interrupted_train.py"), signal_name, str(at_batch)],
+                  runs, world, "cut")
+    assert killed.returncode != 0
+    run = runs / "synthetic" / "clip" / "cut"
+    assert not (run / "metrics.json").exists()
+    before = (run / "csv" / "checkpoints" / "metrics.csv").read_text()
+
+    resumed = _run(["-m", "experiments.train"], runs, world, "cut", "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    result = json.loads((run / "metrics.json").read_text())
+    assert result["resumed_from_step"] == resumed_step
+    assert result["train_steps"] == 12
+    assert result["metrics"] == uninterrupted["metrics"]
+    assert (run / "csv" / "checkpoints" / "metrics.csv").read_text() == before  # earlier log kept
+    for noise in ("litlogger", "LeafSpec", "weights_only"):
+        assert noise not in resumed.stderr + resumed.stdout
+
+
+@pytest.mark.slow
+def test_a_staged_run_counts_every_step_of_every_stage_after_a_resume(world, tmp_path):
+    runs = tmp_path / "runs"
+    argv = smoke_overrides("mclip", world, runs, "run_id=m", "trainer.checkpoint_every_n_steps=1")
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    killed = subprocess.run([sys.executable, str(REPO / "tests" / "interrupted_train.py"), "KILL",
+                             "8", *argv], cwd=REPO, env=env, capture_output=True, text=True)
+    assert killed.returncode != 0
+    resumed = subprocess.run([sys.executable, "-m", "experiments.train", *argv, "ckpt_path=last"],
+                             cwd=REPO, env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert "method.trikd.max_steps=2" in resumed.stdout
+    result = json.loads((runs / "synthetic" / "mclip" / "m" / "metrics.json").read_text())
+    assert result["stage_steps"] == {"teacher": 2, "mte_nmt": 2, "mte_ctl": 2, "trikd": 2}
+    assert result["train_steps"] == 8 and result["resumed_from_step"] == 1

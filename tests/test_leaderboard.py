@@ -1,28 +1,50 @@
-"""The leaderboard is built from metrics.json files alone, mean ± std over seeds."""
+"""The leaderboard is built from metrics.json files alone: a row averages runs that differ only in
+the seed; anything else is its own row, with the difference shown."""
 
 import csv
 import json
+import os
 import statistics
 
 import pytest
 
+from experiments import leaderboard
 from experiments.leaderboard import build, load_results
+from experiments.runs import config_fingerprint
+from metrics import METRIC_PROTOCOL
 
 
-def _write(path, method, seed, mr, data="synthetic", split="test", scorer="itc", **metrics):
+def _config(seed=0, **settings):
+    config = {"seed": seed, "run_id": None, "run_dir": "runs",
+              "optim": {"lr": 1e-3}, "trainer": {"max_steps": 1500, "progress_refresh_rate": 10},
+              "data": {"splits": {"test": "test"}, "num_workers": 1, "root": "/data/a"}}
+    for key, value in settings.items():
+        section, name = key.split("__")
+        config[section][name] = value
+    return config
+
+
+def _write(path, method, seed, mr, data="synthetic", split="test", scorer="itc",
+           protocol=METRIC_PROTOCOL, config=None, mtime=None, **metrics):
     path.mkdir(parents=True, exist_ok=True)
+    config = config or _config(seed)
     record = {
         "method": method, "data": data, "protocol": "default", "scorer": scorer, "seed": seed,
         "split": split, "run_id": path.name, "languages": ["en", "de"],
+        "config_fingerprint": config_fingerprint(config), "config": config,
         "metrics": {"mR": mr, "en/i2t/R@1": mr / 2, "all/MRV_std/i2t": 3.0 + seed, **metrics},
     }
+    if protocol is not None:
+        record["metric_protocol"] = protocol
     (path / "metrics.json").write_text(json.dumps(record))
+    if mtime is not None:
+        os.utime(path / "metrics.json", (mtime, mtime))
 
 
 def test_rows_group_seeds_and_report_mean_and_std(tmp_path):
     runs = tmp_path / "runs"
     for seed, mr in enumerate([40.0, 50.0, 60.0]):
-        _write(runs / "synthetic" / "ccrk" / f"s{seed}", "ccrk", seed, mr)
+        _write(runs / "synthetic" / "ccrk" / f"s{seed}", "ccrk", seed, mr, config=_config(seed))
     _write(runs / "synthetic" / "clip" / "s0", "clip", 0, 30.0)
     _write(runs / "synthetic" / "clip" / "val", "clip", 0, 99.0, split="val")  # not a test row
     rows = build(runs, tmp_path / "out")
@@ -33,7 +55,7 @@ def test_rows_group_seeds_and_report_mean_and_std(tmp_path):
     assert rows[1]["stats"]["mR"] == (30.0, 0.0)
 
     markdown = (tmp_path / "out" / "leaderboard.md").read_text()
-    assert "| ccrk | default | itc | 0,1,2 | 50.00 ± 8.16 |" in markdown
+    assert "| ccrk | default | itc |  | 0,1,2 | 50.00 ± 8.16 |" in markdown
     with open(tmp_path / "out" / "leaderboard.csv") as f:
         table = list(csv.DictReader(f))
     assert float(table[0]["mR"]) == pytest.approx(50.0)
@@ -41,10 +63,64 @@ def test_rows_group_seeds_and_report_mean_and_std(tmp_path):
     assert (tmp_path / "out" / "leaderboard.png").stat().st_size > 1000
 
 
+def test_different_settings_are_separate_rows_naming_the_difference(tmp_path):
+    runs = tmp_path / "runs"
+    _write(runs / "a", "clip", 0, 40.0, config=_config(0))
+    _write(runs / "b", "clip", 1, 50.0, config=_config(1))
+    _write(runs / "c", "clip", 0, 70.0, config=_config(0, trainer__max_steps=100))
+    _write(runs / "d", "clip", 0, 60.0, config=_config(0, data__splits={"test": "test_2017"}))
+    rows = build(runs, tmp_path / "out")
+    by_settings = {r["settings"]: (r["seeds"], r["stats"]["mR"][0]) for r in rows}
+    assert by_settings == {
+        "data.splits.test=test, trainer.max_steps=1500": ([0, 1], 45.0),
+        "data.splits.test=test, trainer.max_steps=100": ([0], 70.0),
+        "data.splits.test=test_2017, trainer.max_steps=1500": ([0], 60.0),
+    }
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| clip | default | itc | data.splits.test=test, trainer.max_steps=100 | 0 | 70.00" in markdown
+
+
+def test_execution_only_settings_do_not_split_a_row(tmp_path):
+    runs = tmp_path / "runs"
+    _write(runs / "a", "clip", 0, 40.0, config=_config(0))
+    moved = _config(1, data__num_workers=4, data__root="/elsewhere", trainer__progress_refresh_rate=0)
+    _write(runs / "b", "clip", 1, 50.0, config=moved)
+    rows = build(runs, tmp_path / "out")
+    assert len(rows) == 1 and rows[0]["seeds"] == [0, 1]
+
+
+def test_the_same_seed_twice_is_reported_not_averaged(tmp_path):
+    runs = tmp_path / "runs"
+    _write(runs / "first", "clip", 0, 40.0, mtime=1_000_000)
+    _write(runs / "again", "clip", 0, 44.0, mtime=2_000_000)
+    _write(runs / "other", "clip", 1, 50.0, config=_config(1))
+    rows = build(runs, tmp_path / "out")
+    assert len(rows) == 1
+    assert rows[0]["seeds"] == [0, 1]
+    assert rows[0]["stats"]["mR"][0] == pytest.approx(47.0)  # newest seed-0 run (44) and seed 1
+    assert rows[0]["duplicates"] == {0: ["again", "first"]}
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "seed 0 ran 2 times (again, first); the mean uses the newest, again." in markdown
+
+
+def test_rows_scored_under_another_metric_protocol_are_marked(tmp_path):
+    runs = tmp_path / "runs"
+    _write(runs / "now", "clip", 0, 40.0)
+    _write(runs / "old", "clip", 1, 90.0, config=_config(1), protocol={**METRIC_PROTOCOL, "version": 1})
+    _write(runs / "older", "clip", 2, 95.0, config=_config(2), protocol=None)
+    rows = build(runs, tmp_path / "out")
+    assert sorted((r["seeds"], r["mark"]) for r in rows) == [([0], ""), ([1], "†"), ([2], "‡")]
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| clip† |" in markdown and "| clip‡ |" in markdown and "| clip |" in markdown
+    assert "another metric protocol" in markdown and "records no metric protocol" in markdown
+
+
 def test_rescored_runs_are_separate_rows(tmp_path):
     runs = tmp_path / "runs"
     _write(runs / "a", "ccrk", 0, 40.0)
-    _write(runs / "a" / "eval" / "test-itm@16", "ccrk", 0, 45.0, scorer="itm@16")
+    rerank = _config(0)
+    rerank["evaluation"] = {"rerank_k": 16}
+    _write(runs / "a" / "eval" / "test-itm@16", "ccrk", 0, 45.0, scorer="itm@16", config=rerank)
     rows = build(runs, tmp_path / "out")
     assert sorted(r["scorer"] for r in rows) == ["itc", "itm@16"]
 
@@ -55,3 +131,13 @@ def test_malformed_result_names_the_file_and_field(tmp_path):
     (bad / "metrics.json").write_text(json.dumps({"method": "clip"}))
     with pytest.raises(ValueError, match=r"x/metrics.json: missing field\(s\) data"):
         load_results(tmp_path / "runs")
+
+
+def test_written_beside_the_runs_unless_told_where(tmp_path, monkeypatch):
+    runs = tmp_path / "runs"
+    _write(runs / "a", "clip", 0, 40.0)
+    monkeypatch.chdir(tmp_path)
+    leaderboard._main(["--runs", str(runs)])
+    assert (runs / "leaderboard.md").exists() and not (tmp_path / "leaderboard.md").exists()
+    leaderboard._main(["--runs", str(runs), "--out", str(tmp_path / "elsewhere")])
+    assert (tmp_path / "elsewhere" / "leaderboard.md").exists()

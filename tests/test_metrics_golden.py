@@ -61,16 +61,18 @@ def test_identity_and_reversed_matrices_match_reference():
 
 
 def test_tie_rule_hand_example():
-    """Rank = number of candidates strictly above the best positive (optimistic)."""
+    """Rank = expected rank under uniform random tie-breaking (docs/metrics.md, "Tie rule")."""
     scores = torch.tensor([[0.5, 0.5, 0.9, 0.1], [0.2, 0.7, 0.7, 0.7]])
     candidate_group = torch.tensor([0, 1, 5, 1])  # image 0: caption 0; image 1: captions 1 and 3
     ranks = best_positive_rank(None, None, torch.arange(2), candidate_group, scores=scores)
-    assert ranks.tolist() == [1, 0]
+    # query 0: one higher, then a block of 2 with 1 positive; query 1: block of 3 with 2 positives
+    assert ranks.tolist() == pytest.approx([1 + 1 / 2, 0 + 1 / 3], abs=1e-15)
 
 
 def test_tie_rule_relation_to_argsort_reference():
-    """With ties, the stable argsort reference places tied candidates in index order: its rank is
-    the suite's rank plus the tied negatives of lower index; without ties both agree."""
+    """The stable argsort reference places tied candidates in index order: its rank is the
+    strictly-higher count plus the tied negatives of lower index, where ours adds the expected
+    number of tied negatives before the positive, (tied - 1) / 2; without ties both agree."""
     gen = torch.Generator().manual_seed(3)
     num = 30
     scores = torch.randint(0, 3, (num, num), generator=gen).float()
@@ -78,11 +80,11 @@ def test_tie_rule_relation_to_argsort_reference():
     tr, ir = suite_ranks(scores, torch.arange(num))
     positive = scores.diagonal()
     lower_index = torch.arange(num)[None, :] < torch.arange(num)[:, None]
-    tied_before_tr = ((scores == positive[:, None]) & lower_index).sum(1)
-    tied_before_ir = ((scores.T == positive[:, None]) & lower_index).sum(1)
-    assert tied_before_tr.sum() > 0
-    np.testing.assert_array_equal(tr.numpy() + tied_before_tr.numpy(), ref_tr)
-    np.testing.assert_array_equal(ir.numpy() + tied_before_ir.numpy(), ref_ir)
+    for ours, ref, matrix in ((tr, ref_tr, scores), (ir, ref_ir, scores.T)):
+        tied_before = ((matrix == positive[:, None]) & lower_index).sum(1)
+        tied = (matrix == positive[:, None]).sum(1)
+        assert tied_before.sum() > 0
+        np.testing.assert_array_equal(ours.numpy() + tied_before.numpy() - (tied.numpy() - 1) / 2, ref)
 
 
 def test_embedding_sweep_equals_score_matrix_path():

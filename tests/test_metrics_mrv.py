@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from metrics import MeanRankVariance, best_positive_rank, retrieval_report
+from metrics import best_positive_rank, retrieval_report
 from metrics.functional import mean_rank_variance
 
 S_EN = torch.tensor([[0.9, 0.2, 0.1], [0.3, 0.8, 0.4], [0.5, 0.6, 0.7]])
@@ -66,13 +66,36 @@ def test_repeated_instance_language_is_an_error():
         mean_rank_variance(torch.tensor([7, 7]), torch.tensor([1, 1]), torch.tensor([0, 1]), 2)
 
 
-def test_metric_class_accumulates_batches():
-    tr, _ = worked_example_ranks()
-    metric = MeanRankVariance(num_languages=2)
-    metric.update(torch.tensor([2, 0]), torch.tensor([1, 0]), torch.tensor([tr[1][2], tr[0][0]]))
-    metric.update(torch.tensor([0, 1, 1, 2]), torch.tensor([1, 0, 1, 0]),
-                  torch.tensor([tr[1][0], tr[0][1], tr[1][1], tr[0][2]]))
-    result = metric.compute()
-    assert result["var"].item() == pytest.approx(0.416667, abs=1e-6)
-    assert result["std"].item() == pytest.approx(0.5, abs=1e-6)
-    assert result["dropped"].item() == 0
+def three_language_set(num_images=12, seed=0):
+    gen = torch.Generator().manual_seed(seed)
+    image = torch.randn(num_images, 6, generator=gen)
+    caption_image = torch.arange(num_images).repeat(3)[:-1]  # the last image has no "ja" caption
+    languages = ["en"] * num_images + ["de"] * num_images + ["ja"] * (num_images - 1)
+    text = image[caption_image] + 1.5 * torch.randn(len(caption_image), 6, generator=gen)
+    return image, text, caption_image, languages, [str(i) for i in range(num_images)]
+
+
+def test_mrv_over_a_language_subset_equals_mrv_of_those_languages_alone():
+    image, text, caption_image, languages, ids = three_language_set()
+    subset = retrieval_report(image, text, caption_image, languages, ids, mrv_languages=["en", "de"])
+    keep = [i for i, lang in enumerate(languages) if lang in ("en", "de")]
+    alone = retrieval_report(image, text[keep], caption_image[keep], [languages[i] for i in keep], ids)
+    everything = retrieval_report(image, text, caption_image, languages, ids)
+    mrv_keys = [key for key in alone if key.startswith("all/")]
+    assert {key: subset[key] for key in mrv_keys} == {key: alone[key] for key in mrv_keys}
+    assert subset["all/MRV_dropped"] == 0 and everything["all/MRV_dropped"] == 1
+    assert subset["all/MRV"] != everything["all/MRV"]
+    assert subset["ja/mR"] == everything["ja/mR"]  # only MRV is restricted
+
+
+def test_mrv_languages_must_be_evaluated_languages():
+    image, text, caption_image, languages, ids = three_language_set()
+    with pytest.raises(ValueError, match=r"mrv_languages \['en', 'zh'\] must be a non-empty subset"):
+        retrieval_report(image, text, caption_image, languages, ids, mrv_languages=["en", "zh"])
+
+
+def test_mrv_over_one_language_is_zero():
+    image, text, caption_image, languages, ids = three_language_set()
+    report = retrieval_report(image, text, caption_image, languages, ids, mrv_languages=["de"])
+    assert [report[f"all/MRV_{r}/{d}"] for r in ("var", "std") for d in ("i2t", "t2i")] == [0.0] * 4
+    assert report["all/MRV"] == 0.0

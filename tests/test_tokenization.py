@@ -161,3 +161,26 @@ def test_pretrained_tokenizer_without_pad_or_mask_falls_back(tokenizer, tmp_path
     out = loaded(["A small red circle."], 16)
     n = int(out["attention_mask"][0].sum())
     assert (out["input_ids"][0, n:] == 2).all()
+
+
+def test_data_presets_need_no_download(monkeypatch):
+    """Presets with training captions use the suite's own tokenizer; the others name a hub
+    tokenizer and fail at once, offline, saying what to use instead."""
+    import socket
+    import time
+
+    from experiments.config import available, compose
+
+    def no_network(*args, **kwargs):
+        raise AssertionError("a preset tried to reach the network")
+
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    for name in available("data"):
+        cfg = compose([f"data={name}"])
+        if cfg.data.splits.train is not None:
+            assert cfg.data.tokenizer.name == "offline", name
+            continue
+        started = time.perf_counter()
+        with pytest.raises(ValueError, match=r"not in the local cache.*data\.tokenizer\.name=offline"):
+            build_tokenizer(cfg.data.tokenizer)
+        assert time.perf_counter() - started < 10

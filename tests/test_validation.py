@@ -223,3 +223,28 @@ def test_real_xflickrco_absent_language_lists_the_eight():
         ),
     ):
         validate(records, languages=["en", "fr"], source="xflickrco/test")
+
+
+def _truncated_jpeg(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    Image.effect_noise((64, 64), 60).convert("RGB").save(path, quality=90)
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) * 2 // 3])
+
+
+def test_a_truncated_image_is_named_with_its_record(tmp_path):
+    write_png(tmp_path / "a.png")
+    _truncated_jpeg(tmp_path / "b.jpg")
+    records = [Record("a", "a.png", {"en": ["x"]}), Record("b", "b.jpg", {"en": ["y"]})]
+    with pytest.raises(ValueError, match=r"toy: record 'b': image .*b\.jpg cannot be read .*truncated"):
+        validate(records, languages=["en"], source="toy", image_root=tmp_path)
+
+
+def test_a_truncated_image_is_skipped_and_counted(tmp_path):
+    write_png(tmp_path / "a.png")
+    _truncated_jpeg(tmp_path / "b.jpg")
+    records = [Record("a", "a.png", {"en": ["x"]}), Record("b", "b.jpg", {"en": ["y"]})]
+    kept, report = validate(records, languages=["en"], source="toy", image_root=tmp_path,
+                            on_missing_image="skip")
+    assert [r.id for r in kept] == ["a"] and report.skipped_images == ["b"]
+    assert "skipped 1 records with missing/unreadable images" in report.summary()

@@ -120,7 +120,7 @@ def build_world(root: str | Path, knobs: WorldKnobs) -> Path:
     _write_parallel_text(staging / PARALLEL_DIR, pretrain)
     (staging / "world.json").write_text(
         json.dumps(
-            {"knobs": asdict(knobs), "languages": grammars.available()}, indent=1, sort_keys=True
+            {"knobs": asdict(knobs), "languages": grammars.available()}, indent=1, sort_keys=True, allow_nan=False
         )
     )
     try:

@@ -28,18 +28,20 @@ from methods.layers.optim import param_groups, warmup_cosine
 if TYPE_CHECKING:
     from datamodules.datamodule import CCRDataModule
 
-IMAGES, CAPTIONS = 0, 1  # evaluation dataloader indices: [image_loader, caption_loader]
+EVAL_SIDES = ("images", "captions")  # evaluation dataloaders, in order: [image_loader, caption_loader]
 
 
 @dataclass
 class Stage:
     """One training stage: how to build its module (from the previous stage's checkpoint, None for
-    the first), which loader trains it, and an optional step budget (None: the trainer preset's)."""
+    the first), which loader trains it, and an optional step budget (None: the trainer preset's)
+    with the config key that sets it (shown to the user, e.g. ``method.trikd.max_steps``)."""
 
     name: str
     build: Callable[[Path | None], L.LightningModule]
     dataloader: Callable[["CCRDataModule"], DataLoader]
     max_steps: int | None = None
+    budget_key: str | None = None
 
 
 class RetrievalModule(L.LightningModule):
@@ -66,7 +68,7 @@ class RetrievalModule(L.LightningModule):
         )
         self.data_info = SimpleNamespace(**data) if isinstance(data, Mapping) else data
         self.last_report: dict[str, float] | None = None
-        self._eval_outputs: dict[int, list[tuple[Tensor, Tensor, Any]]] = {}
+        self.evaluation: metrics.RetrievalEvaluation | None = None  # one per evaluation epoch
         self._last_batch_end: float | None = None
 
     # ---- what a method provides ---------------------------------------------------------------
@@ -152,19 +154,24 @@ class RetrievalModule(L.LightningModule):
     # ---- evaluation ---------------------------------------------------------------------------
 
     def on_validation_epoch_start(self) -> None:
-        self._eval_outputs = {IMAGES: [], CAPTIONS: []}
+        self.evaluation = metrics.RetrievalEvaluation(
+            ks=tuple(self.eval_cfg.ks), ndcg_k=self.eval_cfg.ndcg_k,
+            chunk_size=self.eval_cfg.chunk_size, rerank_k=self.eval_cfg.rerank_k,
+        )
 
     on_test_epoch_start = on_validation_epoch_start
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        """Encode one batch of the image or caption loader into ``self.evaluation`` by index."""
         rerank = self.eval_cfg.rerank_k > 0
-        if dataloader_idx == IMAGES:
+        side = EVAL_SIDES[dataloader_idx]
+        if side == "images":
             emb = self.encode_images(batch["images"])
             cache = self.image_cache(batch["images"]) if rerank else None
         else:
             emb = self.encode_texts(batch["input_ids"], batch["attention_mask"])
             cache = self.text_cache(batch["input_ids"], batch["attention_mask"]) if rerank else None
-        self._eval_outputs[dataloader_idx].append((batch["index"], emb.float(), cache))
+        self.evaluation.update(side, batch["index"], emb.float(), cache)
 
     test_step = validation_step
 
@@ -175,66 +182,24 @@ class RetrievalModule(L.LightningModule):
         self._report("test")
 
     def _report(self, split: str) -> None:
+        """Score the split from every process's rows (``metrics.RetrievalEvaluation``) and log it."""
         if self.trainer.sanity_checking:
             return
         view = self.trainer.datamodule.eval_view(split)
-        image_emb, image_cache = self._collect(IMAGES, len(view.image_ids), split)
-        text_emb, text_cache = self._collect(CAPTIONS, len(view.caption_image), split)
-        rerank_k = self.eval_cfg.rerank_k
-        reranker = self.reranker(image_cache, text_cache) if rerank_k > 0 else None
-        report = metrics.retrieval_report(
-            image_emb,
-            text_emb,
-            view.caption_image.to(image_emb.device),
-            view.caption_language,
-            view.image_ids,
-            ks=tuple(self.eval_cfg.ks),
-            ndcg_k=self.eval_cfg.ndcg_k,
-            chunk_size=self.eval_cfg.chunk_size,
-            reranker=reranker,
-            rerank_k=rerank_k if reranker is not None else 0,
-            image_relevance=view.relevance,
-        )
-        self.last_report = {key: float(value) for key, value in report.items()}
-        self.log_dict({f"{split}/{key}": value for key, value in self.last_report.items()})
-        self._eval_outputs = {}
-
-    def _collect(self, loader: int, count: int, split: str):
-        """Index-ordered embeddings (and caches) of one eval loader, gathered from every
-        process; the duplicates a distributed sampler pads with are dropped, a missing item is an
-        error."""
-        outputs = self._eval_outputs[loader]
-        what = "images" if loader == IMAGES else "captions"
-        if not outputs:
-            raise RuntimeError(
-                f"{split} evaluation produced no {what} (is the {what} loader empty?)"
+        try:
+            report = self.evaluation.compute(
+                caption_image=view.caption_image,
+                caption_language=view.caption_language,
+                image_ids=view.image_ids,
+                image_relevance=view.relevance,
+                mrv_languages=view.mrv_languages,
+                build_reranker=self.reranker,
             )
-        index = self._gather(torch.cat([o[0] for o in outputs]))
-        if int(index.max()) >= count:
-            raise RuntimeError(
-                f"{split} evaluation: {what} index {int(index.max())} out of range ({count} {what})"
-            )
-        emb = _place(index, self._gather(torch.cat([o[1] for o in outputs])), count)
-        missing = count - torch.unique(index).numel()
-        if missing:
-            raise RuntimeError(
-                f"{split} evaluation: {missing} of {count} {what} were never encoded"
-            )
-        caches = [o[2] for o in outputs]
-        if caches[0] is None:
-            return emb, None
-        if isinstance(caches[0], Mapping):
-            return emb, {
-                key: _place(index, self._gather(torch.cat([c[key] for c in caches])), count)
-                for key in caches[0]
-            }
-        return emb, _place(index, self._gather(torch.cat(caches)), count)
-
-    def _gather(self, tensor: Tensor) -> Tensor:
-        """Concatenate a per-process tensor over processes (every process holds the same count)."""
-        if self.trainer.world_size == 1:
-            return tensor
-        return self.all_gather(tensor).flatten(0, 1)
+        except RuntimeError as error:
+            raise RuntimeError(f"{split} {error}") from error
+        self.evaluation = None
+        self.last_report = report
+        self.log_dict({f"{split}/{key}": value for key, value in report.items()})
 
 
 def _plain(config: Any) -> dict:
@@ -246,13 +211,6 @@ def _plain(config: Any) -> dict:
     if isinstance(config, DictConfig):
         return OmegaConf.to_container(config, resolve=True)
     return dict(config)
-
-
-def _place(index: Tensor, values: Tensor, count: int) -> Tensor:
-    """Rows of ``values`` put at their ``index`` (duplicates carry equal values)."""
-    placed = values.new_zeros((count, *values.shape[1:]))
-    placed[index] = values
-    return placed
 
 
 def _batch_size(batch: dict) -> int:

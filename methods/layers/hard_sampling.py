@@ -20,6 +20,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from methods.layers.contrastive import similarity_logits
+
 MINING_MODES = ("reference", "paper", "uniform")
 _REFERENCE_EPS = 1e-5
 _PAPER_EPS = 1e-6
@@ -106,7 +108,7 @@ def sampling_weights(
     if not bool(present.view(batch, languages).any(1).all()):
         raise ValueError("sampling_weights: an instance has no present caption")
     own = caption_owner_mask(batch, languages, device)
-    cos = image_feat @ text_feat.t()
+    cos = similarity_logits(image_feat, text_feat)
     if mode == "reference":
         weights = _reference_weights(cos / temperature, own, present, languages)
     elif mode == "paper":
@@ -179,7 +181,6 @@ def matching_loss(
     images = torch.cat([image_states, image_states, image_states[samples.negative_image]])
     fused = fuse(text_states[rows], text_mask[rows], images)
     logits = itm_head(fused[:, 0])
-    labels = torch.cat(
-        [torch.ones(batch, dtype=torch.long), torch.zeros(2 * batch, dtype=torch.long)]
-    ).to(logits.device)
+    labels = torch.zeros(3 * batch, dtype=torch.long, device=logits.device)
+    labels[:batch] = 1
     return MatchingOutput(loss=F.cross_entropy(logits, labels), logits=logits, labels=labels)

@@ -32,8 +32,10 @@ def masked_mean(states: Tensor, mask: Tensor) -> Tensor:
 
 def trim_padding(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
     """Drop the trailing columns that are padding in every row (batches come padded to the
-    tokenizer's max length); the encoders' outputs at real tokens do not change."""
-    length = max(int(attention_mask.sum(1).max()), 1)
+    tokenizer's max length); the encoders' outputs at real tokens do not change. No rows: one
+    column."""
+    lengths = attention_mask.sum(1)
+    length = max(int(lengths.max()) if len(lengths) else 0, 1)
     return input_ids[:, :length], attention_mask[:, :length]
 
 

@@ -1,0 +1,137 @@
+"""The typed shape of a run's configuration (OmegaConf structured configs).
+
+Composing merges the YAML presets and the command line into ``RunConfig``, so a value of the
+wrong type or shape fails at once naming its key (``data.languages=en`` is not a list,
+``optim.lr=abc`` not a number). Bounds a type cannot express (a positive batch size) are field
+metadata, checked by :func:`check_bounds` after every merge.
+
+``method`` stays an open section: each method declares its own keys in its preset. A new data
+key is one field in :class:`DataConfig` (the preset then sets its value); the synthetic world's
+knobs (``data.synthetic``) are an open mapping checked by the world itself.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields, is_dataclass
+from typing import Any, Dict, List, Optional, Union
+
+from omegaconf import DictConfig
+
+
+def bounded(default: Any, *, minimum: float | None = None, above: float | None = None,
+            allow: tuple = ()) -> Any:
+    """A field with a lower bound (``minimum`` inclusive, ``above`` exclusive); values in
+    ``allow`` (e.g. -1 for "no limit") are accepted besides the bound."""
+    return field(default=default, metadata={"minimum": minimum, "above": above, "allow": allow})
+
+
+@dataclass
+class OptimConfig:
+    lr: float = bounded(1.0e-3, above=0)
+    weight_decay: float = bounded(0.02, minimum=0)
+    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    eps: float = bounded(1.0e-6, above=0)
+    warmup_steps: int = bounded(100, minimum=0)
+    min_lr_ratio: float = bounded(0.01, minimum=0)
+
+
+@dataclass
+class EvaluationConfig:
+    ks: List[int] = field(default_factory=lambda: [1, 5, 10])
+    ndcg_k: int = bounded(10, minimum=1)
+    chunk_size: int = bounded(1024, minimum=1)
+    rerank_k: int = bounded(0, minimum=0)
+
+
+@dataclass
+class TrainerConfig:
+    accelerator: str = "cpu"
+    devices: Any = 1                      # a count, -1 / "auto", or a list of device ids
+    num_nodes: int = bounded(1, minimum=1)
+    strategy: str = "auto"
+    cpu_threads: Optional[int] = bounded(None, minimum=1)
+    precision: str = "32-true"
+    max_steps: int = bounded(3000, minimum=1)
+    max_epochs: int = bounded(-1, minimum=1, allow=(-1,))
+    check_val_every_n_epoch: Optional[int] = bounded(5, minimum=1)
+    val_check_interval: Optional[Union[int, float]] = bounded(None, above=0)
+    limit_val_batches: Union[int, float] = bounded(1.0, minimum=0)
+    log_every_n_steps: int = bounded(25, minimum=1)
+    checkpoint_every_n_steps: int = bounded(250, minimum=1)
+    progress_refresh_rate: int = bounded(10, minimum=0)
+    gradient_clip_val: Optional[float] = bounded(1.0, minimum=0)
+    accumulate_grad_batches: int = bounded(1, minimum=1)
+
+
+@dataclass
+class SplitsConfig:
+    train: Optional[str] = None
+    val: Optional[str] = None
+    test: Optional[str] = None
+
+
+@dataclass
+class TokenizerConfig:
+    name: str = "offline"
+    vocab_size: int = bounded(8000, minimum=16)
+    download: bool = False                # True: fetch a hub tokenizer missing from the local cache
+
+
+@dataclass
+class DataConfig:
+    name: str = "synthetic"
+    root: str = ".cache/data/synthetic"
+    image_root: Optional[str] = None
+    cache_dir: str = "${.root}"
+    splits: SplitsConfig = field(default_factory=SplitsConfig)
+    languages: List[str] = field(default_factory=lambda: ["en"])
+    mrv_languages: Optional[List[str]] = None
+    batch_size: int = bounded(64, minimum=1)
+    eval_batch_size: int = bounded(256, minimum=1)
+    num_workers: int = bounded(1, minimum=0)
+    image_size: int = bounded(32, minimum=1)
+    image_mean: List[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
+    image_std: List[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
+    max_length: int = bounded(48, minimum=3)
+    on_missing_image: str = "error"
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    synthetic: Optional[Dict[str, Any]] = None
+
+
+@dataclass
+class RunConfig:
+    seed: int = bounded(0, minimum=0)
+    protocol: str = "default"
+    variant: Optional[str] = None
+    run_dir: str = "runs"
+    run_id: Optional[str] = None
+    ckpt_path: Optional[str] = None
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    method: Any = None
+    preset: Dict[str, str] = field(default_factory=dict)
+
+
+CHOICES = {"data.on_missing_image": ("error", "skip")}
+
+
+def check_bounds(cfg: DictConfig, schema: type = RunConfig, prefix: str = "") -> None:
+    """Raise ``ValueError`` naming the first key whose value breaks its bound or choice."""
+    for spec in fields(schema):
+        key = f"{prefix}{spec.name}"
+        value = cfg.get(spec.name) if cfg is not None else None
+        if isinstance(spec.default_factory, type) and is_dataclass(spec.default_factory):
+            check_bounds(value, spec.default_factory, f"{key}.")
+            continue
+        if key in CHOICES and value not in CHOICES[key]:
+            raise ValueError(f"config key '{key}' = {value!r}: must be one of {list(CHOICES[key])}")
+        meta = spec.metadata
+        if not meta or value is None or value in meta["allow"] or isinstance(value, bool):
+            continue
+        if meta["minimum"] is not None and value < meta["minimum"]:
+            raise ValueError(f"config key '{key}' = {value}: must be >= {meta['minimum']}"
+                             + (f" (or {', '.join(map(str, meta['allow']))})" if meta["allow"] else ""))
+        if meta["above"] is not None and value <= meta["above"]:
+            raise ValueError(f"config key '{key}' = {value}: must be > {meta['above']}")
