@@ -7,6 +7,7 @@ which of its splits play train/val/test, the languages, and loader/tokenizer set
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -54,7 +55,7 @@ class DataInfo:
     num_objects: int
     # encoder settings that a method config's ``name: world`` resolves to ({"text": {...},
     # "image": {...}}); empty unless the data provides pretrained backbones (the synthetic world)
-    backbones: dict[str, dict] = field(default_factory=dict)
+    backbones: Mapping[str, dict] = field(default_factory=dict)
 
 
 class SeededItems(Dataset):
@@ -226,7 +227,6 @@ class CCRDataModule(L.LightningDataModule):
             synthetic.build_world(self.cfg.root, self._world_knobs())
         if self.cfg.tokenizer.name == OFFLINE:
             self._build_tokenizer()
-        self._world_backbones()
 
     def setup(self, stage: str | None = None) -> None:
         """Build the tokenizer, read the train split (its object labels) and fill ``info``; the
@@ -247,7 +247,7 @@ class CCRDataModule(L.LightningDataModule):
             max_length=int(self.cfg.max_length),
             image_size=int(self.cfg.image_size),
             num_objects=len(labels),
-            backbones=self._world_backbones(),
+            backbones=backbones.LazyBackbones(self._world_backbones),
         )
 
     def _world_backbones(self) -> dict[str, dict]:
@@ -266,9 +266,10 @@ class CCRDataModule(L.LightningDataModule):
         target = backbones.backbone_dir(self.cfg.root, world, tokenizer, settings, recipe)
         if not (target / backbones.SUMMARY).exists():
             rank_zero_info(f"building the world's pretrained backbones in {target}")
+            pretrain = synthetic.build_pretrain(world, self._world_knobs())
             backbones.build_backbones(
-                target, synthetic.load_split(world, synthetic.PRETRAIN), self.languages,
-                tokenizer, int(self.cfg.max_length), world / "images", self._transform(), recipe,
+                target, synthetic.load_split(pretrain, synthetic.PRETRAIN), self.languages,
+                tokenizer, int(self.cfg.max_length), pretrain / "images", self._transform(), recipe,
                 check=synthetic.load_split(world, "val"),
             )
         return backbones.encoder_specs(target, recipe, int(self.cfg.image_size))
@@ -406,8 +407,9 @@ class CCRDataModule(L.LightningDataModule):
         if self._parallel is None:
             path = self.cfg.get("parallel_text")
             if path is None and self.is_synthetic:
+                world = synthetic.build_world(self.cfg.root, self._world_knobs())
                 path = synthetic.parallel_text_dir(
-                    synthetic.build_world(self.cfg.root, self._world_knobs())
+                    synthetic.build_pretrain(world, self._world_knobs())
                 )
             if path is None:
                 raise ValueError(

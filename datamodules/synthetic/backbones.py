@@ -21,7 +21,7 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
@@ -60,6 +60,32 @@ class BackboneRecipe:
         text = build(TextRecipe, values.pop("text", {}) or {}, "data.backbones.text")
         image = build(ImageRecipe, values.pop("image", {}) or {}, "data.backbones.image")
         return build(cls, {**values, "text": text, "image": image}, "data.backbones")
+
+
+class LazyBackbones(Mapping):
+    """``DataInfo.backbones``: the encoder settings per modality, built (or read from the cache)
+    on first look, so a run whose encoders never name ``world`` never pays for the build. A copy
+    (as a checkpoint's hyper-parameters take) is a plain dict of what was built, and never builds."""
+
+    def __init__(self, build: Callable[[], dict[str, dict]]):
+        self._build, self._specs = build, None
+
+    def _resolved(self) -> dict[str, dict]:
+        if self._specs is None:
+            self._specs = self._build()
+        return self._specs
+
+    def __getitem__(self, key: str) -> dict:
+        return self._resolved()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._resolved())
+
+    def __len__(self) -> int:
+        return len(self._resolved())
+
+    def __deepcopy__(self, memo) -> dict[str, dict]:
+        return json.loads(json.dumps(self._specs or {}))
 
 
 def tokenizer_digest(tokenizer: Tokenizer) -> str:

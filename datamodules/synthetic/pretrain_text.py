@@ -33,6 +33,8 @@ class TextRecipe:
     warmup_steps: int = 100
     mask_probability: float = 0.15
     tlm_share: float = 0.5  # chance that a step trains on translation pairs (TLM) instead of MLM
+    translation_ranking: float = 1.0  # weight of the in-batch translation-ranking loss
+    ranking_temperature: float = 0.05
 
 
 class CaptionTable:
@@ -118,6 +120,35 @@ def sample_batch(table: CaptionTable, tlm: bool, batch_size: int, rng: random.Ra
     return sequences
 
 
+def sample_translations(table: CaptionTable, batch_size: int,
+                        rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+    """``batch_size`` captions of distinct scenes and their translations into another language."""
+    sources, targets = [], []
+    for record in rng.sample(range(len(table.rows)), min(batch_size, len(table.rows))):
+        k = rng.randrange(table.captions)
+        a, b = rng.sample(range(len(table.languages)), 2)
+        sources.append(table.ids(record, a, k))
+        targets.append(table.ids(record, b, k))
+    return sources, targets
+
+
+def mean_pooled(model: XLMRobertaForMaskedLM, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+    states = model.roberta(input_ids=ids, attention_mask=attention).last_hidden_state
+    weights = attention.unsqueeze(-1).float()
+    return F.normalize((states * weights).sum(1) / weights.sum(1), dim=-1)
+
+
+def translation_ranking_loss(model: XLMRobertaForMaskedLM, table: CaptionTable, recipe: TextRecipe,
+                             pad_id: int, rng: random.Random) -> torch.Tensor:
+    """Symmetric in-batch InfoNCE between captions and their translations."""
+    sources, targets = sample_translations(table, recipe.batch_size, rng)
+    a = mean_pooled(model, *pad(sources, pad_id))
+    b = mean_pooled(model, *pad(targets, pad_id))
+    logits = a @ b.T / recipe.ranking_temperature
+    labels = torch.arange(len(a))
+    return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
+
+
 def pretrain_text(records: list[Record], languages: list[str], tokenizer: Tokenizer,
                   max_length: int, recipe: TextRecipe, seed: int) -> tuple[XLMRobertaForMaskedLM, float]:
     """Train the masked LM for ``recipe.steps`` steps; returns it (in eval mode) and the mean MLM
@@ -140,11 +171,14 @@ def pretrain_text(records: list[Record], languages: list[str], tokenizer: Tokeni
         ids, attention = pad(sample_batch(table, tlm, recipe.batch_size, rng), tokenizer.pad_token_id)
         inputs, labels = mask_for_mlm(ids, torch.isin(ids, specials), recipe, tokenizer, generator)
         loss = masked_lm_loss(model, inputs, attention, labels)
+        losses.append(loss.item())
+        if recipe.translation_ranking > 0 and len(languages) > 1:
+            ranking = translation_ranking_loss(model, table, recipe, tokenizer.pad_token_id, rng)
+            loss = loss + recipe.translation_ranking * ranking
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-        losses.append(loss.item())
     tail = losses[-100:]
     return model.eval(), sum(tail) / max(len(tail), 1)

@@ -105,19 +105,11 @@ def build_world(root: str | Path, knobs: WorldKnobs) -> Path:
     staging = target.with_name(f".{target.name}.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "images").mkdir(parents=True)
-    taken: set[tuple] = set()
     for split in SPLITS:
         records = [
             _make_record(knobs, split, i, staging / "images") for i in range(knobs.size(split))
         ]
-        taken.update(scene_key(Scene.from_json(r.extras["scene"])) for r in records)
         write_records(staging / f"{split}.jsonl", records)
-    pretrain = [
-        _make_record(knobs, PRETRAIN, i, staging / "images", avoid=taken)
-        for i in range(knobs.num_pretrain)
-    ]
-    write_records(staging / f"{PRETRAIN}.jsonl", pretrain)
-    _write_parallel_text(staging / PARALLEL_DIR, pretrain)
     (staging / "world.json").write_text(
         json.dumps(
             {"knobs": asdict(knobs), "languages": grammars.available()}, indent=1, sort_keys=True, allow_nan=False
@@ -126,6 +118,31 @@ def build_world(root: str | Path, knobs: WorldKnobs) -> Path:
     try:
         os.replace(staging, target)
     except OSError:  # another process finished the same world first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def build_pretrain(world: Path, knobs: WorldKnobs) -> Path:
+    """Generate the world's ``pretrain`` split unless it is cached, on first need (the backbones
+    or the parallel corpus), so a world built only for retrieval never renders it. Returns its
+    folder: ``images/``, ``pretrain.jsonl`` and ``parallel/<lang>.txt``."""
+    target = Path(world) / PRETRAIN
+    if (target / f"{PRETRAIN}.jsonl").exists():
+        return target
+    staging = target.with_name(f".{PRETRAIN}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "images").mkdir(parents=True)
+    taken = {scene_key(Scene.from_json(r.extras["scene"])) for split in SPLITS
+             for r in load_split(world, split)}
+    pretrain = [
+        _make_record(knobs, PRETRAIN, i, staging / "images", avoid=taken)
+        for i in range(knobs.num_pretrain)
+    ]
+    _write_parallel_text(staging / PARALLEL_DIR, pretrain)
+    write_records(staging / f"{PRETRAIN}.jsonl", pretrain)  # written last: marks it complete
+    try:
+        os.replace(staging, target)
+    except OSError:  # another process finished it first
         shutil.rmtree(staging, ignore_errors=True)
     return target
 
