@@ -24,6 +24,10 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
+.PHONY: pretrain
+pretrain: $(STAMP)  # the default world and its pretrained backbones (cached; a run also builds them)
+	$(PY) -m datamodules.synthetic.backbones $(ARGS)
+
 train: $(STAMP)
 	$(PY) -m experiments.train method=$(METHOD) data=$(DATA) trainer=$(TRAINER) $(ARGS)
 

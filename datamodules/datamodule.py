@@ -7,6 +7,7 @@ which of its splits play train/val/test, the languages, and loader/tokenizer set
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,6 +19,7 @@ from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
 from . import synthetic
+from .synthetic import backbones
 from .datasets import (
     CaptionCollate,
     CaptionDataset,
@@ -29,7 +31,8 @@ from .datasets import (
     TrainDataset,
     collate_images,
 )
-from .readers import read_dataset
+from .readers import captions_parallel, read_dataset
+from .readers.parallel_text import ParallelText, read_parallel_text
 from .records import Record
 from .tokenization import OFFLINE, Tokenizer, build_tokenizer
 from .validation import validate
@@ -50,6 +53,9 @@ class DataInfo:
     max_length: int
     image_size: int
     num_objects: int
+    # encoder settings that a method config's ``name: world`` resolves to ({"text": {...},
+    # "image": {...}}); empty unless the data provides pretrained backbones (the synthetic world)
+    backbones: Mapping[str, dict] = field(default_factory=dict)
 
 
 class SeededItems(Dataset):
@@ -164,6 +170,7 @@ class CCRDataModule(L.LightningDataModule):
         self._tokenizer: Tokenizer | None = None
         self._info: DataInfo | None = None
         self._labels: dict[str, int] = {}
+        self._parallel: ParallelText | None = None
 
     # ---- where the data is --------------------------------------------------------------------
     @property
@@ -174,6 +181,12 @@ class CCRDataModule(L.LightningDataModule):
         return synthetic.WorldKnobs.from_config(
             OmegaConf.to_container(self.cfg.synthetic, resolve=True)
         )
+
+    @property
+    def captions_parallel(self) -> bool:
+        """Whether caption i of every language is a translation of caption i of the others, as
+        the dataset declares it (its reader, or the synthetic world)."""
+        return synthetic.CAPTIONS_PARALLEL if self.is_synthetic else captions_parallel(self.cfg.name)
 
     @property
     def image_root(self) -> Path:
@@ -234,7 +247,32 @@ class CCRDataModule(L.LightningDataModule):
             max_length=int(self.cfg.max_length),
             image_size=int(self.cfg.image_size),
             num_objects=len(labels),
+            backbones=backbones.LazyBackbones(self._world_backbones),
         )
+
+    def _world_backbones(self) -> dict[str, dict]:
+        """The synthetic world's pretrained encoders (built and cached when missing) as the
+        settings ``name: world`` resolves to; none for real data or ``data.backbones: null``."""
+        if not self.is_synthetic or self.cfg.get("backbones") is None:
+            return {}
+        recipe = backbones.BackboneRecipe.from_config(
+            OmegaConf.to_container(self.cfg.backbones, resolve=True)
+        )
+        world = synthetic.build_world(self.cfg.root, self._world_knobs())
+        tokenizer = self._build_tokenizer()
+        settings = {"languages": self.languages, "image_size": int(self.cfg.image_size),
+                    "image_mean": list(self.cfg.image_mean), "image_std": list(self.cfg.image_std),
+                    "max_length": int(self.cfg.max_length)}
+        target = backbones.backbone_dir(self.cfg.root, world, tokenizer, settings, recipe)
+        if not (target / backbones.SUMMARY).exists():
+            rank_zero_info(f"building the world's pretrained backbones in {target}")
+            pretrain = synthetic.build_pretrain(world, self._world_knobs())
+            backbones.build_backbones(
+                target, synthetic.load_split(pretrain, synthetic.PRETRAIN), self.languages,
+                tokenizer, int(self.cfg.max_length), pretrain / "images", self._transform(), recipe,
+                check=synthetic.load_split(world, "val"),
+            )
+        return backbones.encoder_specs(target, recipe, int(self.cfg.image_size))
 
     def _build_tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
@@ -288,7 +326,15 @@ class CCRDataModule(L.LightningDataModule):
                 f"train: {dropped} of {len(self.records('train'))} records have no caption in "
                 f"{languages} and are left out"
             )
-        dataset = TrainDataset(records, languages, self.image_root, self._transform(), self._labels)
+        dataset = TrainDataset(
+            records, languages, self.image_root, self._transform(), self._labels,
+            parallel=self.captions_parallel,
+        )
+        if dataset.unaligned:
+            rank_zero_info(
+                f"train: {dataset.unaligned} of {len(records)} records hold different numbers of "
+                f"captions per language; their captions are drawn independently, not as translations"
+            )
         with_alignment = any("alignment" in r.extras for r in records)
         collate = TrainCollate(
             self.tokenizer, self.info.max_length, languages, len(self._labels), with_alignment
@@ -353,10 +399,30 @@ class CCRDataModule(L.LightningDataModule):
             view.caption_loader(int(self.cfg.eval_batch_size)),
         ]
 
+    def parallel_text(self) -> ParallelText:
+        """The parallel corpus: ``data.parallel_text`` (a folder of line-aligned ``<lang>.txt``
+        files or a TSV file), or for the synthetic world its own corpus of scenes outside the
+        retrieval splits. Never the retrieval captions: a zero-shot protocol must not train on
+        in-domain target-language captions."""
+        if self._parallel is None:
+            path = self.cfg.get("parallel_text")
+            if path is None and self.is_synthetic:
+                world = synthetic.build_world(self.cfg.root, self._world_knobs())
+                path = synthetic.parallel_text_dir(
+                    synthetic.build_pretrain(world, self._world_knobs())
+                )
+            if path is None:
+                raise ValueError(
+                    f"data '{self.cfg.name}' has no parallel corpus: set data.parallel_text to a "
+                    "folder of line-aligned <lang>.txt files or a TSV file (docs/datasets.md)"
+                )
+            self._parallel = read_parallel_text(path)
+        return self._parallel
+
     def parallel_dataloader(self, pairs: list[tuple[str, str]] | None = None) -> DataLoader:
-        """Text-only caption pairs of training instances (weakly aligned ones excluded), one
-        language pair per batch. Default pairs: English to and from every other configured
-        language, or every ordered pair when English is not configured."""
+        """Text-only sentence pairs of the parallel corpus (:meth:`parallel_text`), one language
+        pair per batch. Default pairs: English to and from every other configured language, or
+        every ordered pair when English is not configured."""
         if pairs is None:
             others = [lang for lang in self.languages if lang != "en"]
             if "en" in self.languages:
@@ -364,10 +430,13 @@ class CCRDataModule(L.LightningDataModule):
             else:
                 pairs = [(a, b) for a in self.languages for b in self.languages if a != b]
         self._check_languages([lang for pair in pairs for lang in pair])
-        records = [r for r in self.records("train") if r.extras.get("alignment") != "weak"]
-        dataset = ParallelBatches.from_records(
-            records, list(pairs), int(self.cfg.batch_size), self.seed
-        )
+        corpus = self.parallel_text()
+        texts = {}
+        for src, tgt in pairs:
+            texts[src, tgt], blank = corpus.pairs(src, tgt)
+            if blank:
+                rank_zero_info(f"{corpus.source}: {blank} {src}-{tgt} rows with a blank side left out")
+        dataset = ParallelBatches.from_pairs(texts, int(self.cfg.batch_size), self.seed)
         return training_loader(
             dataset,
             self.seed,

@@ -37,7 +37,13 @@ class ImageTransform:
 
 
 class TrainDataset(Dataset):
-    """One item per record: its image and one random caption per language (None where absent)."""
+    """One item per record: its image and one caption per language (None where absent).
+
+    With ``parallel`` (the dataset's captions are translations by index, as its reader declares)
+    one caption index is drawn per item and every language gives its caption at that index, so
+    the K captions are translations of one another. Otherwise, and for a record whose languages
+    hold different numbers of captions (``unaligned``), each language draws on its own.
+    """
 
     def __init__(
         self,
@@ -46,20 +52,36 @@ class TrainDataset(Dataset):
         image_root: Path,
         transform: ImageTransform,
         label_index: dict[str, int],
+        parallel: bool,
     ):
         self.records, self.languages = records, languages
         self.image_root, self.transform, self.label_index = image_root, transform, label_index
+        counts = [
+            {len(r.captions[lang]) for lang in languages if r.captions.get(lang)} for r in records
+        ]
+        self.aligned = [parallel and len(c) == 1 for c in counts]
+        # records drawn independently although the dataset is parallel (unequal caption counts)
+        self.unaligned = sum(1 for c in counts if parallel and len(c) > 1)
 
     def __len__(self) -> int:
         return len(self.records)
 
     def __getitem__(self, index: int) -> dict:
         record = self.records[index]
+        # torch's RNG: seeded per worker by Lightning, so caption choice is reproducible
+        shared = None
+        if self.aligned[index]:
+            count = next(len(record.captions[k]) for k in self.languages if record.captions.get(k))
+            shared = int(torch.randint(count, ()))
         texts = []
         for lang in self.languages:
             options = record.captions.get(lang) or []
-            # torch's RNG: seeded per worker by Lightning, so caption choice is reproducible
-            texts.append(options[int(torch.randint(len(options), ()))] if options else None)
+            if not options:
+                texts.append(None)
+            elif shared is not None:
+                texts.append(options[shared])
+            else:
+                texts.append(options[int(torch.randint(len(options), ()))])
         return {
             "image": self.transform(self.image_root / record.image),
             "texts": texts,
@@ -170,21 +192,15 @@ class ParallelBatches(Dataset):
         self.batches = batches
 
     @classmethod
-    def from_records(
-        cls, records: list[Record], pairs: list[tuple[str, str]], batch_size: int, seed: int
+    def from_pairs(
+        cls, pairs: dict[tuple[str, str], list[tuple[str, str]]], batch_size: int, seed: int
     ) -> ParallelBatches:
-        """Pair caption i of language a with caption i of language b for every record that has
-        both (a translation in parallel data); shuffle with ``seed`` and cut into full batches
-        (a pair with fewer than ``batch_size`` captions gives one smaller batch)."""
+        """Shuffle each language pair's sentence pairs with ``seed`` and cut them into full
+        batches (a language pair with fewer than ``batch_size`` sentences gives one smaller batch)."""
         rng = random.Random(seed)
         batches = []
-        for src, tgt in pairs:
-            texts = [
-                (s, t)
-                for record in records
-                if src in record.captions and tgt in record.captions
-                for s, t in zip(record.captions[src], record.captions[tgt])
-            ]
+        for (src, tgt), texts in pairs.items():
+            texts = list(texts)
             rng.shuffle(texts)
             full = max(len(texts) // batch_size, 1 if texts else 0)
             batches += [

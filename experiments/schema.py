@@ -96,6 +96,8 @@ class DataConfig:
     on_missing_image: str = "error"
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     synthetic: Optional[Dict[str, Any]] = None
+    backbones: Optional[Dict[str, Any]] = None  # the synthetic world's pretrained encoders
+    parallel_text: Optional[str] = None  # line-aligned <lang>.txt folder or TSV (parallel corpus)
 
 
 @dataclass

@@ -33,7 +33,7 @@ import methods
 from methods.layers.base import RetrievalModule, Stage
 from methods.layers.distillation import fixed_ttc_temperature, freeze, trikd_loss
 from methods.layers.distributed import row_layout
-from methods.layers.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip
+from methods.layers.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip, resolve_world
 from methods.layers.optim import param_groups
 from methods.registry import register
 from methods.layers.translation import (
@@ -157,9 +157,10 @@ def build_teacher(method, optim, data, evaluation) -> nn.Module:
 
 
 def build_mte(method, data) -> TextEncoder:
-    """The multilingual text encoder: an XLM-R by name or path, or one built from an in-code config
-    whose vocabulary, pad id and position table follow the data's tokenizer where left null."""
-    cfg = OmegaConf.to_container(method.mte)
+    """The multilingual text encoder: an XLM-R by name or path (``world``: the synthetic world's
+    pretrained one), or one built from an in-code config whose vocabulary, pad id and position
+    table follow the data's tokenizer where left null."""
+    cfg = resolve_world(method.mte, data, "text")
     config = cfg.get("config")
     if config is not None:
         config.setdefault("model_type", "xlm-roberta")

@@ -10,7 +10,18 @@ from pathlib import Path
 import pytest
 import torch
 
-from datamodules.synthetic import WorldKnobs, build_world, load_split, relevance_matrix, world_dir
+from datamodules.synthetic import (
+    PRETRAIN,
+    Scene,
+    WorldKnobs,
+    build_pretrain,
+    build_world,
+    load_split,
+    parallel_text_dir,
+    relevance_matrix,
+    scene_key,
+    world_dir,
+)
 from datamodules.synthetic import languages as grammars
 from datamodules.synthetic.plans import CaptionPlan, Mention, garble, mistranslate
 from datamodules.synthetic.render import BACKGROUND_RGB, render_scene
@@ -279,3 +290,24 @@ def test_the_documented_language_example_works(monkeypatch, tmp_path):
             COLOURS, SIZES * 4, POSITIONS * 2, BACKGROUNDS * 2
         ):
             grammars.realise("es", plan((shape, colour, size, position), background=background))
+
+
+def test_pretrain_split_and_parallel_corpus_share_no_scene_with_retrieval(tmp_path):
+    """The backbones and mCLIP's Stage 1 learn from the ``pretrain`` split: no scene a retrieval
+    split can ask about (described objects + background) may appear in it, and its parallel text
+    is line-aligned translations of its captions. A world built for retrieval alone never
+    renders it."""
+    knobs = WorldKnobs(**{**TINY, "num_pretrain": 40})
+    world = build_world(tmp_path, knobs)
+    assert not (world / PRETRAIN).exists()
+    folder = build_pretrain(world, knobs)
+    pretrain = load_split(folder, PRETRAIN)
+    retrieval = {scene_key(Scene.from_json(r.extras["scene"]))
+                 for split in ("train", "val", "test") for r in load_split(world, split)}
+    assert len(pretrain) == 40
+    assert not retrieval & {scene_key(Scene.from_json(r.extras["scene"])) for r in pretrain}
+    lines = {code: (parallel_text_dir(folder) / f"{code}.txt").read_text(encoding="utf-8").splitlines()
+             for code in grammars.available()}
+    for code, texts in lines.items():
+        assert texts == [t for r in pretrain for t in r.captions[code]]
+    assert build_pretrain(world, knobs) == folder  # cached

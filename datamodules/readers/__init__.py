@@ -16,23 +16,26 @@ from datamodules.records import Record
 
 @dataclass(frozen=True)
 class DatasetReader:
-    """How to read one dataset: its valid split names and the function reading one split."""
+    """How to read one dataset: its valid split names, the function reading one split, and
+    whether caption i of every language is a translation of caption i of the others
+    (``captions_parallel``: training then draws one caption index for all languages)."""
 
     splits: tuple[str, ...]
     read: Callable[[Path, str], list[Record]]
+    captions_parallel: bool
 
 
 READERS: dict[str, DatasetReader] = {
-    "multi30k": DatasetReader(multi30k.TASK1_SPLITS, multi30k.read_task1),
-    "multi30k_task2": DatasetReader(multi30k.TASK2_SPLITS, multi30k.read_task2),
-    "xflickrco": DatasetReader(iglue_captions.XFLICKRCO_SPLITS, iglue_captions.read_xflickrco),
+    "multi30k": DatasetReader(multi30k.TASK1_SPLITS, multi30k.read_task1, True),
+    "multi30k_task2": DatasetReader(multi30k.TASK2_SPLITS, multi30k.read_task2, False),
+    "xflickrco": DatasetReader(iglue_captions.XFLICKRCO_SPLITS, iglue_captions.read_xflickrco, True),
     "flickr30k_iglue": DatasetReader(
-        iglue_captions.FLICKR30K_SPLITS, iglue_captions.read_flickr30k
+        iglue_captions.FLICKR30K_SPLITS, iglue_captions.read_flickr30k, False
     ),
-    "wit": DatasetReader(wit.SPLITS, wit.read),
-    "coco_karpathy": DatasetReader(coco_karpathy.SPLITS, coco_karpathy.read),
-    "xtd10": DatasetReader(xtd10.SPLITS, xtd10.read),
-    "cc3m_jsonl": DatasetReader(cc3m_jsonl.SPLITS, cc3m_jsonl.read),
+    "wit": DatasetReader(wit.SPLITS, wit.read, False),
+    "coco_karpathy": DatasetReader(coco_karpathy.SPLITS, coco_karpathy.read, False),
+    "xtd10": DatasetReader(xtd10.SPLITS, xtd10.read, True),
+    "cc3m_jsonl": DatasetReader(cc3m_jsonl.SPLITS, cc3m_jsonl.read, True),
 }
 
 
@@ -44,6 +47,11 @@ def names() -> list[str]:
 def splits(name: str) -> list[str]:
     """Valid split names of one dataset."""
     return list(_reader(name).splits)
+
+
+def captions_parallel(name: str) -> bool:
+    """Whether dataset ``name``'s captions are translations of one another by index."""
+    return _reader(name).captions_parallel
 
 
 def _reader(name: str) -> DatasetReader:

@@ -4,15 +4,32 @@ partial language coverage and graded relevance. See docs/synthetic.md."""
 
 from .languages import available as available_languages
 from .scene import Scene, relevance_matrix
-from .world import SPLITS, WorldKnobs, build_world, load_split, world_dir
+from .world import (
+    PRETRAIN,
+    SPLITS,
+    WorldKnobs,
+    build_pretrain,
+    build_world,
+    load_split,
+    parallel_text_dir,
+    scene_key,
+    world_dir,
+)
+
+CAPTIONS_PARALLEL = True  # caption i of every language realises the same plan (translations)
 
 __all__ = [
+    "CAPTIONS_PARALLEL",
+    "PRETRAIN",
     "SPLITS",
     "Scene",
     "WorldKnobs",
     "available_languages",
+    "build_pretrain",
     "build_world",
     "load_split",
+    "parallel_text_dir",
     "relevance_matrix",
+    "scene_key",
     "world_dir",
 ]

@@ -3,6 +3,11 @@
 Every image draws from its own random stream seeded by (seed, split, index), so the world is
 byte-for-byte reproducible. The cache folder name is a digest of the knobs, the languages and
 ``GENERATOR_VERSION``; a finished world is moved into place atomically.
+
+Besides the retrieval splits the world holds a ``pretrain`` split: clean, fully parallel scenes
+that share no scene (described objects and background) with train/val/test. The world's
+pretrained backbones learn from it, and its captions are written as line-aligned parallel text
+(``parallel/<lang>.txt``), the corpus mCLIP's Stage 1 reads instead of the retrieval captions.
 """
 
 from __future__ import annotations
@@ -13,7 +18,7 @@ import os
 import random
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, astuple, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +28,11 @@ from .plans import garble, mistranslate, sample_plans
 from .render import render_scene
 from .scene import COLOURS, POSITIONS, SHAPES, Scene, sample_scene
 
-GENERATOR_VERSION = 1
-SPLITS = ("train", "val", "test")
+GENERATOR_VERSION = 2
+SPLITS = ("train", "val", "test")  # the retrieval splits
+PRETRAIN = "pretrain"
+PARALLEL_DIR = "parallel"  # <world>/parallel/<lang>.txt, line i of every file: one translation
+MAX_SCENE_DRAWS = 1000  # a pretrain scene is redrawn while it repeats a retrieval scene
 ENGLISH = "en"
 
 
@@ -37,6 +45,7 @@ class WorldKnobs:
     num_train: int = 10000
     num_val: int = 500
     num_test: int = 1000
+    num_pretrain: int = 10000
     captions_per_image: int = 5
     render_size: int = 64
     num_shapes: int = 8
@@ -71,7 +80,12 @@ class WorldKnobs:
         return knobs
 
     def size(self, split: str) -> int:
-        return {"train": self.num_train, "val": self.num_val, "test": self.num_test}[split]
+        return {
+            "train": self.num_train,
+            "val": self.num_val,
+            "test": self.num_test,
+            PRETRAIN: self.num_pretrain,
+        }[split]
 
 
 def world_dir(root: str | Path, knobs: WorldKnobs) -> Path:
@@ -108,20 +122,73 @@ def build_world(root: str | Path, knobs: WorldKnobs) -> Path:
     return target
 
 
+def build_pretrain(world: Path, knobs: WorldKnobs) -> Path:
+    """Generate the world's ``pretrain`` split unless it is cached, on first need (the backbones
+    or the parallel corpus), so a world built only for retrieval never renders it. Returns its
+    folder: ``images/``, ``pretrain.jsonl`` and ``parallel/<lang>.txt``."""
+    target = Path(world) / PRETRAIN
+    if (target / f"{PRETRAIN}.jsonl").exists():
+        return target
+    staging = target.with_name(f".{PRETRAIN}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "images").mkdir(parents=True)
+    taken = {scene_key(Scene.from_json(r.extras["scene"])) for split in SPLITS
+             for r in load_split(world, split)}
+    pretrain = [
+        _make_record(knobs, PRETRAIN, i, staging / "images", avoid=taken)
+        for i in range(knobs.num_pretrain)
+    ]
+    _write_parallel_text(staging / PARALLEL_DIR, pretrain)
+    write_records(staging / f"{PRETRAIN}.jsonl", pretrain)  # written last: marks it complete
+    try:
+        os.replace(staging, target)
+    except OSError:  # another process finished it first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
 def load_split(folder: str | Path, split: str) -> list[Record]:
     return read_records(Path(folder) / f"{split}.jsonl")
 
 
-def _make_record(knobs: WorldKnobs, split: str, index: int, image_dir: Path) -> Record:
+def parallel_text_dir(folder: str | Path) -> Path:
+    """The world's parallel corpus: one ``<lang>.txt`` per language, line-aligned."""
+    return Path(folder) / PARALLEL_DIR
+
+
+def scene_key(scene: Scene) -> tuple:
+    """What captions can say about a scene: its described objects and its background."""
+    return (tuple(sorted(astuple(o) for o in scene.objects)), scene.background)
+
+
+def _write_parallel_text(folder: Path, records: list[Record]) -> None:
+    """Caption k of every pretrain record, one language per file (every file the same length)."""
+    folder.mkdir()
+    for code in grammars.available():
+        lines = [text for record in records for text in record.captions[code]]
+        (folder / f"{code}.txt").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+
+
+def _make_record(
+    knobs: WorldKnobs, split: str, index: int, image_dir: Path, avoid: set[tuple] = frozenset()
+) -> Record:
     rng = random.Random(f"{knobs.seed}/{split}/{index}")
-    scene = sample_scene(
-        rng,
-        num_shapes=knobs.num_shapes,
-        num_colours=knobs.num_colours,
-        max_objects=knobs.max_objects,
-        distractors=knobs.distractors,
-        background_prob=knobs.background_prob,
-    )
+    for _ in range(MAX_SCENE_DRAWS):
+        scene = sample_scene(
+            rng,
+            num_shapes=knobs.num_shapes,
+            num_colours=knobs.num_colours,
+            max_objects=knobs.max_objects,
+            distractors=knobs.distractors,
+            background_prob=knobs.background_prob,
+        )
+        if scene_key(scene) not in avoid:
+            break
+    else:
+        raise ValueError(
+            f"synthetic world: no {split} scene outside the retrieval splits after "
+            f"{MAX_SCENE_DRAWS} draws; the knobs allow too few distinct scenes"
+        )
     record_id = f"{split}-{index:05d}"
     render_scene(scene, knobs.render_size, rng).save(image_dir / f"{record_id}.png")
     training = split == "train"

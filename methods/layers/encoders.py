@@ -4,7 +4,9 @@ Backends are picked by ``name``:
 
 * ``tiny``: a small random-init transformer (the CPU default for tests and smoke runs);
 * ``timm:<model>`` (images), ``hf:<model or path>`` (texts): the model zoos by name;
-* ``open_clip:<model>``: a tower of an open_clip CLIP model (or one built from ``config``).
+* ``open_clip:<model>``: a tower of an open_clip CLIP model (or one built from ``config``);
+* ``world`` (in ``from_config``): the synthetic world's own pretrained backbone, whatever settings
+  ``DataInfo.backbones`` gives (a timm ViT state dict, a Hugging Face XLM-R folder).
 
 ``pretrained`` selects weights: ``None``/``False`` random init, ``True`` or a tag (timm /
 open_clip pretrained tag) for users with network access, or a local checkpoint path. Tests save tiny
@@ -86,6 +88,28 @@ def _plain(mapping: Mapping[str, Any] | None) -> dict[str, Any]:
     if isinstance(mapping, DictConfig):
         return OmegaConf.to_container(mapping, resolve=True)
     return dict(mapping or {})
+
+
+WORLD = "world"
+
+
+def resolve_world(cfg: Mapping[str, Any], data: Any, modality: str) -> dict[str, Any]:
+    """An encoder section with ``name: world`` (the synthetic world's pretrained backbone) turned
+    into the settings the data provides (``DataInfo.backbones[modality]``); other sections as they
+    are. On data without such a backbone this is an error: name a real model there."""
+    cfg = _plain(cfg)
+    if cfg.get("name") != WORLD:
+        return cfg
+    provided = getattr(data, "backbones", None) or {}
+    if modality not in provided:
+        example = "hf:xlm-roberta-base" if modality == "text" else "timm:swin_base_patch4_window7_224"
+        raise ValueError(
+            f"{modality} encoder 'world' is the synthetic world's pretrained {modality} encoder, "
+            f"which this data does not provide (only data=synthetic with data.backbones set); "
+            f"name a real model instead, e.g. {example}"
+        )
+    extra = {k: v for k, v in cfg.items() if k not in ("name", "pretrained")}
+    return {**extra, **provided[modality]}
 
 
 def _split_name(name: str) -> tuple[str, str]:
@@ -257,8 +281,9 @@ class ImageEncoder(nn.Module):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], data: Any) -> "ImageEncoder":
         """Build from a method config section; the tiny backend takes ``image_size`` from
-        ``DataInfo`` unless it is set explicitly."""
-        kwargs = _plain(cfg)
+        ``DataInfo`` unless it is set explicitly; ``name: world`` takes the data's pretrained
+        image backbone (:func:`resolve_world`)."""
+        kwargs = resolve_world(cfg, data, "image")
         if kwargs.get("name", "tiny") == "tiny":
             kwargs.setdefault("image_size", data.image_size)
         return cls(**kwargs)
@@ -479,8 +504,9 @@ class TextEncoder(nn.Module):
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any], data: Any) -> "TextEncoder":
         """Build from a method config section, taking vocabulary size, pad id and max length from
-        ``DataInfo`` for the tiny backend (the keys can still be set explicitly)."""
-        kwargs = _plain(cfg)
+        ``DataInfo`` for the tiny backend (the keys can still be set explicitly); ``name: world``
+        takes the data's pretrained text backbone (:func:`resolve_world`)."""
+        kwargs = resolve_world(cfg, data, "text")
         if kwargs.get("name", "tiny") == "tiny":
             kwargs.setdefault("vocab_size", data.vocab_size)
             kwargs.setdefault("pad_token_id", data.pad_token_id)

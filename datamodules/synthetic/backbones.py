@@ -1,0 +1,215 @@
+"""The synthetic world's own pretrained backbones, built once and cached, in the formats the real
+loaders read: a Hugging Face folder (``text/``, loaded by ``hf:<path>``) holding a tiny XLM-R and
+the data tokenizer, and a timm state dict (``image/model.pth``) of a tiny ViT.
+
+Method presets name them ``world`` (``image_encoder.name: world``, ``text_encoder.name: world``);
+``DataInfo.backbones`` carries the encoder settings that name resolves to (see
+``methods.layers.encoders.resolve_world``). The cache folder is
+``<root>/backbones-<digest>/``, the digest covering the world, the tokenizer, the image settings
+and the recipe; a finished build is moved into place atomically, like the world itself.
+
+``make pretrain`` (``python -m datamodules.synthetic.backbones [overrides]``) builds them ahead of
+a run; a run builds them when they are missing.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import shutil
+import sys
+import time
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ..datasets import ImageTransform
+from ..records import Record
+from ..tokenization import Tokenizer
+from .pretrain_image import ImageRecipe, pretrain_image
+from .pretrain_text import TextRecipe, pretrain_text
+
+BACKBONES_VERSION = 1
+TEXT_DIR, IMAGE_FILE, SUMMARY = "text", "image/model.pth", "backbones.json"
+
+
+@dataclass(frozen=True)
+class BackboneRecipe:
+    """``data.backbones``: how both backbones are built (architecture, steps, seed)."""
+
+    seed: int = 0
+    text: TextRecipe = TextRecipe()
+    image: ImageRecipe = ImageRecipe()
+
+    @classmethod
+    def from_config(cls, cfg: Mapping[str, Any]) -> BackboneRecipe:
+        def build(kind, values: Mapping[str, Any], where: str):
+            known = {f.name for f in fields(kind)}
+            unknown = sorted(set(values) - known)
+            if unknown:
+                raise KeyError(f"unknown key(s) {unknown} in {where}; known: {sorted(known)}")
+            return kind(**values)
+
+        values = dict(cfg)
+        text = build(TextRecipe, values.pop("text", {}) or {}, "data.backbones.text")
+        image = build(ImageRecipe, values.pop("image", {}) or {}, "data.backbones.image")
+        return build(cls, {**values, "text": text, "image": image}, "data.backbones")
+
+
+class LazyBackbones(Mapping):
+    """``DataInfo.backbones``: the encoder settings per modality, built (or read from the cache)
+    on first look, so a run whose encoders never name ``world`` never pays for the build. A copy
+    (as a checkpoint's hyper-parameters take) is a plain dict of what was built, and never builds."""
+
+    def __init__(self, build: Callable[[], dict[str, dict]]):
+        self._build, self._specs = build, None
+
+    def _resolved(self) -> dict[str, dict]:
+        if self._specs is None:
+            self._specs = self._build()
+        return self._specs
+
+    def __getitem__(self, key: str) -> dict:
+        return self._resolved()[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._resolved())
+
+    def __len__(self) -> int:
+        return len(self._resolved())
+
+    def __deepcopy__(self, memo) -> dict[str, dict]:
+        return json.loads(json.dumps(self._specs or {}))
+
+
+def tokenizer_digest(tokenizer: Tokenizer) -> str:
+    """Identity of the tokenizer the text backbone's vocabulary follows."""
+    raw = getattr(tokenizer, "raw", None)
+    text = raw.to_str() if raw is not None else str(getattr(tokenizer, "hf").name_or_path)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def backbone_dir(root: str | Path, world: Path, tokenizer: Tokenizer,
+                 settings: Mapping[str, Any], recipe: BackboneRecipe) -> Path:
+    """Where the backbones for this world, tokenizer, data settings (languages, image size and
+    normalisation, max length) and recipe live."""
+    key = json.dumps({"world": Path(world).name, "tokenizer": tokenizer_digest(tokenizer),
+                      "settings": dict(settings), "recipe": asdict(recipe),
+                      "version": BACKBONES_VERSION}, sort_keys=True)
+    return Path(root) / f"backbones-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def encoder_specs(folder: Path, recipe: BackboneRecipe, image_size: int) -> dict[str, dict]:
+    """The encoder settings ``name: world`` resolves to (``DataInfo.backbones``)."""
+    return {
+        "text": {"name": f"hf:{(folder / TEXT_DIR).resolve()}", "pretrained": True},
+        "image": {"name": f"timm:{recipe.image.model}",
+                  "pretrained": str((folder / IMAGE_FILE).resolve()),
+                  "options": recipe.image.timm_options(image_size)},
+    }
+
+
+def build_backbones(target: Path, records: list[Record], languages: list[str],
+                    tokenizer: Tokenizer, max_length: int, image_root: Path,
+                    transform: ImageTransform, recipe: BackboneRecipe,
+                    check: list[Record] | None = None) -> Path:
+    """Pretrain both backbones on ``records`` (the world's pretrain split) unless ``target`` holds
+    them; ``check`` (e.g. the val split) measures the text encoder's translation preference."""
+    if (target / SUMMARY).exists():
+        return target
+    started = time.perf_counter()
+    staging = target.with_name(f".{target.name}.{os.getpid()}")
+    shutil.rmtree(staging, ignore_errors=True)
+    (staging / "image").mkdir(parents=True)
+    text_model, mlm_loss = pretrain_text(records, languages, tokenizer, max_length, recipe.text,
+                                         recipe.seed)
+    text_seconds = time.perf_counter() - started
+    text_model.roberta.save_pretrained(staging / TEXT_DIR)
+    save_tokenizer(tokenizer, staging / TEXT_DIR)
+    image_model, f1 = pretrain_image(records, image_root, transform, recipe.image, recipe.seed)
+    torch.save(image_model.state_dict(), staging / IMAGE_FILE)
+    summary = {
+        "recipe": asdict(recipe), "languages": languages, "pretrain_records": len(records),
+        "text_mlm_loss": round(mlm_loss, 4), "image_label_f1": round(f1, 4),
+        "text_seconds": round(text_seconds, 1),
+        "total_seconds": round(time.perf_counter() - started, 1),
+    }
+    if check and "en" in languages and len(languages) > 1:
+        summary["translation_preference"] = round(
+            translation_preference(text_model.roberta, tokenizer, check, languages, max_length), 4)
+    (staging / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
+    try:
+        os.replace(staging, target)
+    except OSError:  # another process finished the same build first
+        shutil.rmtree(staging, ignore_errors=True)
+    return target
+
+
+def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
+    """Save the offline tokenizer beside the model, so the folder is a complete HF checkpoint."""
+    raw = getattr(tokenizer, "raw", None)
+    if raw is None:
+        return
+    from transformers import PreTrainedTokenizerFast
+
+    PreTrainedTokenizerFast(
+        tokenizer_object=raw, bos_token="<s>", cls_token="<s>", eos_token="</s>",
+        sep_token="</s>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>",
+    ).save_pretrained(folder)
+
+
+def mean_states(model: torch.nn.Module, tokenizer: Tokenizer, texts: list[str],
+                max_length: int) -> torch.Tensor:
+    """L2-normalised mean of the last hidden states over each text's tokens."""
+    tokens = tokenizer(texts, max_length)
+    with torch.no_grad():
+        states = model(input_ids=tokens["input_ids"],
+                       attention_mask=tokens["attention_mask"]).last_hidden_state
+    mask = tokens["attention_mask"].unsqueeze(-1).float()
+    return F.normalize((states * mask).sum(1) / mask.sum(1), dim=-1)
+
+
+def translation_preference(model: torch.nn.Module, tokenizer: Tokenizer, records: list[Record],
+                           languages: list[str], max_length: int, seed: int = 0) -> float:
+    """Share of (English caption, other language) cases where the caption's own translation is
+    nearer (cosine of mean states) than a random caption of another scene in that language.
+    0.5 is chance; a model that ignores the text cannot beat it."""
+    rng = random.Random(seed)
+    anchors = [r.captions["en"][0] for r in records]
+    query = mean_states(model, tokenizer, anchors, max_length)
+    wins, total = 0, 0
+    for lang in languages:
+        if lang == "en":
+            continue
+        own = mean_states(model, tokenizer, [r.captions[lang][0] for r in records], max_length)
+        others = [rng.choice([j for j in range(len(records)) if j != i]) for i in range(len(records))]
+        wins += int(((query * own).sum(1) > (query * own[others]).sum(1)).sum())
+        total += len(records)
+    return wins / max(total, 1)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """``make pretrain``: build the default world, its tokenizer and its backbones."""
+    from datamodules.datamodule import CCRDataModule
+    from experiments.config import ConfigError, compose
+
+    try:
+        cfg = compose(["data=synthetic", *(sys.argv[1:] if argv is None else argv)])
+    except ConfigError as err:
+        raise SystemExit(f"config error: {err}") from None
+    data = CCRDataModule(cfg.data, seed=cfg.seed)
+    data.prepare_data()
+    data.setup("fit")
+    for kind, spec in data.info.backbones.items():
+        print(f"{kind}: {spec['name']}" + (f" (weights {spec['pretrained']})"
+                                          if isinstance(spec["pretrained"], str) else ""))
+
+
+if __name__ == "__main__":
+    main()
