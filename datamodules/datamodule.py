@@ -23,12 +23,12 @@ from .datasets import (
     CaptionDataset,
     ImageDataset,
     ImageTransform,
-    ParallelBatches,
     ParallelCollate,
     TrainCollate,
     TrainDataset,
     collate_images,
 )
+from .parallel_batches import parallel_batches
 from .readers import read_dataset
 from .records import Record
 from .tokenization import OFFLINE, Tokenizer, build_tokenizer
@@ -350,10 +350,14 @@ class CCRDataModule(L.LightningDataModule):
             view.caption_loader(int(self.cfg.eval_batch_size)),
         ]
 
-    def parallel_dataloader(self, pairs: list[tuple[str, str]] | None = None) -> DataLoader:
+    def parallel_dataloader(self, pairs: list[tuple[str, str]] | None = None, *,
+                            beta: float | None = None,
+                            max_tokens: int | None = None) -> DataLoader:
         """Text-only caption pairs of training instances (weakly aligned ones excluded), one
         language pair per batch. Default pairs: English to and from every other configured
-        language, or every ordered pair when English is not configured."""
+        language, or every ordered pair when English is not configured. ``beta`` draws each
+        batch's pair with temperature smoothing and ``max_tokens`` counts batches in tokens
+        (``datamodules.parallel_batches``); otherwise ``data.batch_size`` pairs per batch."""
         if pairs is None:
             others = [lang for lang in self.languages if lang != "en"]
             if "en" in self.languages:
@@ -362,13 +366,28 @@ class CCRDataModule(L.LightningDataModule):
                 pairs = [(a, b) for a in self.languages for b in self.languages if a != b]
         self._check_languages([lang for pair in pairs for lang in pair])
         records = [r for r in self.records("train") if r.extras.get("alignment") != "weak"]
-        dataset = ParallelBatches.from_records(
-            records, list(pairs), int(self.cfg.batch_size), self.seed
+        texts = {
+            (src, tgt): [
+                (s, t)
+                for record in records
+                if src in record.captions and tgt in record.captions
+                for s, t in zip(record.captions[src], record.captions[tgt])
+            ]
+            for src, tgt in pairs
+        }
+        max_length = self.info.max_length
+
+        def count_tokens(sentences: list[str]) -> list[int]:
+            return self.tokenizer(sentences, max_length)["attention_mask"].sum(1).tolist()
+
+        dataset = parallel_batches(
+            texts, batch_size=int(self.cfg.batch_size), seed=self.seed, beta=beta,
+            max_tokens=max_tokens, count_tokens=count_tokens,
         )
         return training_loader(
             dataset,
             self.seed,
             batch_size=None,
             num_workers=int(self.cfg.num_workers),
-            collate_fn=ParallelCollate(self.tokenizer, self.info.max_length),
+            collate_fn=ParallelCollate(self.tokenizer, max_length),
         )
