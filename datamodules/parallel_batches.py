@@ -82,9 +82,10 @@ def cut_direction(texts: Texts, rng: random.Random, batch_size: int, max_tokens:
     return batches
 
 
-def parallel_batches(texts: Mapping[Pair, Texts], *, batch_size: int, seed: int,
-                     beta: float | None = None, max_tokens: int | None = None,
-                     count_tokens: Callable[[list[str]], list[int]] | None = None) -> ParallelBatches:
+def parallel_batches(
+    texts: Mapping[Pair, Texts], *, batch_size: int, seed: int, beta: float | None = None,
+    max_tokens: int | None = None, count_tokens: Callable[[list[str]], list[int]] | None = None,
+) -> ParallelBatches:
     """The batches of one epoch (see the module docstring), reproducible from ``seed``."""
     rng = random.Random(seed)
     per_direction = {pair: cut_direction(pair_texts, rng, batch_size, max_tokens, count_tokens)

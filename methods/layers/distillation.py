@@ -4,7 +4,8 @@ TriKD aligns a student text encoder with a frozen image-text teacher through two
 terms: image <-> student text (ITC, learnable temperature) and teacher text <-> student text (TTC,
 fixed temperature). There is no regression onto teacher vectors: "distillation" is contrastive.
 Every function takes L2-normalised features; rows with the same index are the positive pairs, and
-the negatives come from the global batch (`methods.layers.contrastive.info_nce`).
+the negatives come from the global batch (`methods.layers.contrastive.info_nce`). Fine-tuning
+after TriKD uses the multi-positive form, where rows showing the same image are all positives.
 """
 
 from __future__ import annotations
@@ -50,11 +51,18 @@ def trikd_loss(h_image: Tensor, h_student: Tensor, logit_scale: Tensor,
     `ttc_weight·L_TTC` alone when `itc` is False (the "- L_ITC" ablation)."""
     if not itc and h_teacher_text is None:
         raise ValueError("TriKD without ITC needs the teacher's text embeddings (TTC)")
-    itc_loss = (info_nce(h_image, h_student, 1.0 / clamped_logit_scale(logit_scale, max_scale))
-                if itc else None)
-    ttc_loss = None if h_teacher_text is None else info_nce(h_teacher_text, h_student, ttc_temperature)
-    terms = [t for t in (itc_loss, None if ttc_loss is None else ttc_weight * ttc_loss) if t is not None]
-    return TriKDLoss(total=sum(terms[1:], terms[0]), itc=itc_loss, ttc=ttc_loss)
+    itc_loss = ttc_loss = None
+    if itc:
+        itc_loss = info_nce(h_image, h_student, 1.0 / clamped_logit_scale(logit_scale, max_scale))
+    if h_teacher_text is not None:
+        ttc_loss = info_nce(h_teacher_text, h_student, ttc_temperature)
+    if ttc_loss is None:
+        total = itc_loss
+    elif itc_loss is None:
+        total = ttc_weight * ttc_loss
+    else:
+        total = itc_loss + ttc_weight * ttc_loss
+    return TriKDLoss(total=total, itc=itc_loss, ttc=ttc_loss)
 
 
 def multi_positive_info_nce(h_text: Tensor, h_image: Tensor, image_keys: Tensor,
@@ -69,8 +77,12 @@ def multi_positive_info_nce(h_text: Tensor, h_image: Tensor, image_keys: Tensor,
     all_image = gather_with_grad(h_image, layout)
     all_keys = gather_with_grad(image_keys, layout)
     positives = (image_keys[:, None] == all_keys[None, :]).float()
-    text_to_image = -(positives * F.log_softmax(similarity_logits(h_text, all_image) * scale, 1)).sum(1)
-    image_to_text = -(positives * F.log_softmax(similarity_logits(h_image, all_text) * scale, 1)).sum(1)
+
+    def positives_nll(queries: Tensor, keys: Tensor) -> Tensor:
+        log_probs = F.log_softmax(similarity_logits(queries, keys) * scale, dim=1)
+        return -(positives * log_probs).sum(1)
+
+    text_to_image, image_to_text = positives_nll(h_text, all_image), positives_nll(h_image, all_text)
     return layout.global_mean(text_to_image + image_to_text) / 2
 
 

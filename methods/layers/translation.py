@@ -148,7 +148,8 @@ class MTEEnhancement(L.LightningModule):
                  teacher: nn.Module | None = None, ctl: bool = True):
         super().__init__()
         if decoder is None and not (joint and ctl):
-            raise ValueError("Stage 1 without a decoder (no L_NMT) must be the joint stage with L_CTL")
+            raise ValueError("Stage 1 without a decoder (no L_NMT) must be the joint stage "
+                             "with L_CTL")
         self.mte, self.decoder, self.teacher = mte, decoder, teacher
         self.settings, self.joint, self.pad_token_id = dict(settings), joint, pad_token_id
         self.ctl = ctl
