@@ -52,8 +52,6 @@ from methods.layers.distributed import row_layout
 from methods.layers.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip
 from methods.layers.optim import param_groups
 from methods.registry import register
-from metrics import RetrievalEvaluation
-from metrics.dedup import DedupRecallEvaluation
 from methods.layers.translation import (
     MTEEnhancement,
     TranslationDecoder,
@@ -61,6 +59,8 @@ from methods.layers.translation import (
     inverse_sqrt_factor,
     trim_padding,
 )
+from metrics import RetrievalEvaluation
+from metrics.dedup import DedupRecallEvaluation
 
 STAGES = ("teacher", "mte_nmt", "mte_ctl", "trikd")
 STAGE_ONE = ("mte_nmt", "mte_ctl")
@@ -231,8 +231,11 @@ def selected_stages(method) -> list[str]:
     if -1 in positions or not stages or stages[-1] != "trikd" or not in_order:
         raise ValueError(f"method.stages {stages}: expected an ordered subset of {list(STAGES)} "
                          "ending with 'trikd'")
-    kept = ablation_of(method).stage_one
-    return [s for s in stages if s not in STAGE_ONE or s in kept]
+    ablation = ablation_of(method)
+    if not (ablation.nmt and ablation.ctl) and "mte_ctl" not in stages:
+        raise ValueError(f"mclip variant {method.variant!r} changes Stage 1b, which "
+                         f"method.stages {stages} does not run")
+    return [s for s in stages if s not in STAGE_ONE or s in ablation.stage_one]
 
 
 def build_teacher(method, optim, data, evaluation) -> nn.Module:

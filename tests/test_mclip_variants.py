@@ -46,6 +46,12 @@ def test_an_unknown_variant_is_refused():
         selected_stages(method_config(variant="no_ttc"))
 
 
+@pytest.mark.parametrize("variant", ["no_ctl", "no_nmt"])
+def test_a_stage_one_variant_without_stage_one_is_refused(variant):
+    with pytest.raises(ValueError, match="changes Stage 1b"):
+        selected_stages(method_config(variant=variant, stages="[teacher,trikd]"))
+
+
 def test_full_stage_one_is_nmt_plus_two_ctl():
     module = stage_one(None)
     batch = parallel_batch()
