@@ -25,12 +25,12 @@ from .datasets import (
     CaptionDataset,
     ImageDataset,
     ImageTransform,
-    ParallelBatches,
     ParallelCollate,
     TrainCollate,
     TrainDataset,
     collate_images,
 )
+from .parallel_batches import parallel_batches
 from .readers import captions_parallel, read_dataset
 from .readers.parallel_text import ParallelText, read_parallel_text
 from .records import Record
@@ -419,10 +419,14 @@ class CCRDataModule(L.LightningDataModule):
             self._parallel = read_parallel_text(path)
         return self._parallel
 
-    def parallel_dataloader(self, pairs: list[tuple[str, str]] | None = None) -> DataLoader:
+    def parallel_dataloader(self, pairs: list[tuple[str, str]] | None = None, *,
+                            beta: float | None = None,
+                            max_tokens: int | None = None) -> DataLoader:
         """Text-only sentence pairs of the parallel corpus (:meth:`parallel_text`), one language
         pair per batch. Default pairs: English to and from every other configured language, or
-        every ordered pair when English is not configured."""
+        every ordered pair when English is not configured. ``beta`` draws each batch's pair with
+        temperature smoothing and ``max_tokens`` counts batches in tokens
+        (``datamodules.parallel_batches``); otherwise ``data.batch_size`` pairs per batch."""
         if pairs is None:
             others = [lang for lang in self.languages if lang != "en"]
             if "en" in self.languages:
@@ -436,11 +440,19 @@ class CCRDataModule(L.LightningDataModule):
             texts[src, tgt], blank = corpus.pairs(src, tgt)
             if blank:
                 rank_zero_info(f"{corpus.source}: {blank} {src}-{tgt} rows with a blank side left out")
-        dataset = ParallelBatches.from_pairs(texts, int(self.cfg.batch_size), self.seed)
+        max_length = self.info.max_length
+
+        def count_tokens(sentences: list[str]) -> list[int]:
+            return self.tokenizer(sentences, max_length)["attention_mask"].sum(1).tolist()
+
+        dataset = parallel_batches(
+            texts, batch_size=int(self.cfg.batch_size), seed=self.seed, beta=beta,
+            max_tokens=max_tokens, count_tokens=count_tokens,
+        )
         return training_loader(
             dataset,
             self.seed,
             batch_size=None,
             num_workers=int(self.cfg.num_workers),
-            collate_fn=ParallelCollate(self.tokenizer, self.info.max_length),
+            collate_fn=ParallelCollate(self.tokenizer, max_length),
         )

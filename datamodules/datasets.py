@@ -6,7 +6,6 @@ per item) and build the tensors. Everything here is picklable, so it runs in wor
 
 from __future__ import annotations
 
-import random
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -190,23 +189,6 @@ class ParallelBatches(Dataset):
 
     def __init__(self, batches: list[tuple[str, str, list[tuple[str, str]]]]):
         self.batches = batches
-
-    @classmethod
-    def from_pairs(
-        cls, pairs: dict[tuple[str, str], list[tuple[str, str]]], batch_size: int, seed: int
-    ) -> ParallelBatches:
-        """Shuffle each language pair's sentence pairs with ``seed`` and cut them into full
-        batches (a language pair with fewer than ``batch_size`` sentences gives one smaller batch)."""
-        rng = random.Random(seed)
-        batches = []
-        for (src, tgt), texts in pairs.items():
-            texts = list(texts)
-            rng.shuffle(texts)
-            full = max(len(texts) // batch_size, 1 if texts else 0)
-            batches += [
-                (src, tgt, texts[i * batch_size : (i + 1) * batch_size]) for i in range(full)
-            ]
-        return cls(batches)
 
     def __len__(self) -> int:
         return len(self.batches)

@@ -8,14 +8,24 @@ checkpoint so that a stage needs nothing but that file:
   the teacher is an open_clip model by name and pretrained tag or local checkpoint.
 * ``mte_nmt`` (Stage 1a) and ``mte_ctl`` (Stage 1b): the MTE enhanced on parallel text
   (:class:`methods.layers.translation.MTEEnhancement`); the teacher is carried along unchanged.
-* ``trikd`` (Stage 2, always last): :class:`MCLIP`, which trains only the shared CLIP-projector,
-  the X-projector and the ITC temperature, and is the module evaluated.
+* ``trikd`` (Stage 2): :class:`MCLIP`, which trains only the shared CLIP-projector, the
+  X-projector and the ITC temperature, and is the module evaluated.
+* ``finetune`` (spec §5 settings 2-4), run after TriKD exactly when the run's ``protocol`` is
+  ``fine-tune-<language>`` or ``fine-tune-all``: the same module and trainable parts, the
+  multi-positive contrastive loss, the ITC temperature restarted. The protocol a run records is
+  therefore what ran.
+
+``method.variant`` (the run's ``variant``) selects an ablation of the paper's Table 2
+(:data:`ABLATIONS`); ``method.recall_mode: dedup`` adds the reference code's recall
+(``metrics.dedup``) to the report.
 """
 
 from __future__ import annotations
 
+import hashlib
 import math
 from collections.abc import Mapping
+from dataclasses import dataclass
 from functools import partial
 from itertools import pairwise
 from pathlib import Path
@@ -31,7 +41,13 @@ from torch.optim.lr_scheduler import LambdaLR
 
 import methods
 from methods.layers.base import RetrievalModule, Stage
-from methods.layers.distillation import fixed_ttc_temperature, freeze, trikd_loss
+from methods.layers.distillation import (
+    clamped_logit_scale,
+    fixed_ttc_temperature,
+    freeze,
+    multi_positive_info_nce,
+    trikd_loss,
+)
 from methods.layers.distributed import row_layout
 from methods.layers.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip, resolve_world
 from methods.layers.optim import param_groups
@@ -43,10 +59,81 @@ from methods.layers.translation import (
     inverse_sqrt_factor,
     trim_padding,
 )
+from metrics import RetrievalEvaluation
+from metrics.dedup import DedupRecallEvaluation
 
 STAGES = ("teacher", "mte_nmt", "mte_ctl", "trikd")
+STAGE_ONE = ("mte_nmt", "mte_ctl")
+FINETUNE = "finetune"
 ENGLISH = "en"
 INITIAL_LR = 1e-7  # where every warm-up starts (spec §6)
+RECALL_MODES = {"standard": RetrievalEvaluation, "dedup": DedupRecallEvaluation}
+
+
+@dataclass(frozen=True)
+class Ablation:
+    """What an mCLIP variant keeps (spec Table 2): the Stage-1 sub-stages that run, and the loss
+    terms of Stage 1 (NMT, CTL) and TriKD (ITC, TTC)."""
+
+    stage_one: tuple[str, ...] = STAGE_ONE
+    nmt: bool = True
+    ctl: bool = True
+    itc: bool = True
+    ttc: bool = True
+
+
+ABLATIONS = {
+    "full": Ablation(),
+    "no_ctl": Ablation(ctl=False),                      # - L_CTL: the MTE enhanced by NMT only
+    "no_nmt": Ablation(stage_one=("mte_ctl",), nmt=False),  # - L_NMT: XLM-R tuned by CTL only
+    "no_stage1": Ablation(stage_one=()),                # - L_theta: the MTE as it comes
+    "no_stage1_no_ttc": Ablation(stage_one=(), ttc=False),  # - L_theta - L_TTC
+    "no_stage1_no_itc": Ablation(stage_one=(), itc=False),  # - L_theta - L_ITC
+}
+
+
+def ablation_of(method) -> Ablation:
+    """The variant's switches; ``method.variant`` null means the full model."""
+    name = method.get("variant") or "full"
+    if name not in ABLATIONS:
+        raise ValueError(f"mclip variant {name!r} (method.variant, from variant=) is not one of "
+                         f"{sorted(ABLATIONS)}")
+    return ABLATIONS[name]
+
+
+@dataclass(frozen=True)
+class Protocol:
+    """How an mCLIP run is trained, from the run's ``protocol`` (``method.run_protocol``)."""
+
+    name: str
+    finetune_languages: tuple[str, ...] = ()  # empty: no fine-tuning stage
+    finetune_settings: str | None = None      # which block of method.finetune (english|single|all)
+
+
+def protocol_of(method, languages: list[str]) -> Protocol:
+    """``zero-shot`` (TriKD on English only), ``translate-train`` (TriKD also on other languages),
+    ``fine-tune-<language>`` (spec settings 2-3: fine-tune on that language's training captions)
+    or ``fine-tune-all`` (setting 4: on every configured language). Fine-tuning starts from an
+    English-only TriKD, so a label never hides non-English TriKD data."""
+    name = method.get("run_protocol")
+    trikd_languages = list(method.trikd.languages)
+    english_only = trikd_languages == [ENGLISH]
+    allowed = ["zero-shot", "translate-train", "fine-tune-all",
+               *(f"fine-tune-{lang}" for lang in languages)]
+    if name not in allowed:
+        raise ValueError(f"mclip protocol {name!r} (protocol=) is not one of {allowed}")
+    if name == "translate-train" and english_only:
+        raise ValueError("protocol translate-train needs non-English method.trikd.languages, "
+                         f"got {trikd_languages}")
+    if name != "translate-train" and not english_only:
+        raise ValueError(f"protocol {name} trains TriKD on English only; method.trikd.languages "
+                         f"is {trikd_languages} (that is protocol=translate-train)")
+    if name == "fine-tune-all":
+        return Protocol(name, tuple(languages), "all")
+    if name.startswith("fine-tune-"):
+        language = name.removeprefix("fine-tune-")
+        return Protocol(name, (language,), "english" if language == ENGLISH else "single")
+    return Protocol(name)
 
 
 class PostNormEncoderLayer(nn.Module):
@@ -136,14 +223,19 @@ class ClipBaselineTeacher(nn.Module):
 
 
 def selected_stages(method) -> list[str]:
-    """``method.stages`` checked: known names, in pipeline order, ending with ``trikd``."""
+    """``method.stages`` checked (known names, in pipeline order, ending with ``trikd``), less the
+    Stage-1 sub-stages the variant drops."""
     stages = list(method.stages)
     positions = [STAGES.index(s) if s in STAGES else -1 for s in stages]
     in_order = all(a < b for a, b in pairwise(positions))
     if -1 in positions or not stages or stages[-1] != "trikd" or not in_order:
         raise ValueError(f"method.stages {stages}: expected an ordered subset of {list(STAGES)} "
                          "ending with 'trikd'")
-    return stages
+    ablation = ablation_of(method)
+    if not (ablation.nmt and ablation.ctl) and "mte_ctl" not in stages:
+        raise ValueError(f"mclip variant {method.variant!r} changes Stage 1b, which "
+                         f"method.stages {stages} does not run")
+    return [s for s in stages if s not in STAGE_ONE or s in ablation.stage_one]
 
 
 def build_teacher(method, optim, data, evaluation) -> nn.Module:
@@ -172,18 +264,20 @@ def build_mte(method, data) -> TextEncoder:
 
 
 def build_mte_stage(method, optim, data, evaluation, joint: bool) -> MTEEnhancement:
-    """A Stage-1 module (1a or 1b) with freshly built parts."""
+    """A Stage-1 module (1a or 1b) with freshly built parts; no decoder when the variant drops
+    L_NMT."""
     t = method.translation
+    ablation = ablation_of(method)
     mte = build_mte(method, data)
-    decoder = TranslationDecoder(list(data.languages), mte.out_dim, t.layers, t.heads, t.ffn,
-                                 t.dropout)
+    decoder = (TranslationDecoder(list(data.languages), mte.out_dim, t.layers, t.heads, t.ffn,
+                                  t.dropout) if ablation.nmt else None)
     teacher = (ClipBaselineTeacher(method, optim, data, evaluation)
                if "teacher" in selected_stages(method) else None)
     settings = {**OmegaConf.to_container(t.ctl if joint else t.nmt),
                 "label_smoothing": t.label_smoothing, "ctl_weight": t.ctl_weight,
                 "ctl_temperature": t.ctl_temperature, "grad_clip": method.grad_clip,
                 "initial_lr": INITIAL_LR}
-    return MTEEnhancement(mte, decoder, settings, joint, data.pad_token_id, teacher)
+    return MTEEnhancement(mte, decoder, settings, joint, data.pad_token_id, teacher, ablation.ctl)
 
 
 def load_state(path: Path) -> dict[str, Tensor]:
@@ -196,14 +290,31 @@ def load_prefixed(module: nn.Module, state: Mapping[str, Tensor], prefix: str) -
     module.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
 
 
+def image_keys(ids: list[str], device: torch.device) -> Tensor:
+    """A 63-bit integer per image id (BLAKE2b), so that rows of one image can be matched across
+    processes; distinct ids collide with probability about n^2 / 2^64."""
+    digests = [hashlib.blake2b(str(i).encode(), digest_size=8).digest() for i in ids]
+    return torch.tensor([int.from_bytes(d, "big") >> 1 for d in digests], dtype=torch.long,
+                        device=device)
+
+
 @register("mclip")
 class MCLIP(RetrievalModule):
-    """The TriKD stage and the evaluated model: image = norm(Wc·teacher_image), text in any
-    language = norm(XProjector(MTE states) at </s>). Teacher and MTE are frozen, in eval()."""
+    """The TriKD stage (``phase="trikd"``), the fine-tuning stage (``phase="finetune"``) and the
+    evaluated model: image = norm(Wc·teacher_image), text in any language = norm(XProjector(MTE
+    states) at </s>). Teacher and MTE are frozen, in eval()."""
 
-    def __init__(self, method, optim, data, evaluation):
+    def __init__(self, method, optim, data, evaluation, phase: str = "trikd"):
         super().__init__(method, optim, data, evaluation)
+        if phase not in ("trikd", FINETUNE):
+            raise ValueError(f"MCLIP phase must be 'trikd' or '{FINETUNE}', got {phase!r}")
+        self.phase = phase
         cfg = method.trikd
+        self.ablation = ablation_of(method)
+        self.protocol = protocol_of(method, list(data.languages))
+        if method.recall_mode not in RECALL_MODES:
+            raise ValueError(f"method.recall_mode {method.recall_mode!r}: expected one of "
+                             f"{sorted(RECALL_MODES)}")
         self.teacher = freeze(build_teacher(method, optim, data, evaluation))
         self.mte = freeze(build_mte(method, data))
         dim = self.mte.out_dim
@@ -212,13 +323,29 @@ class MCLIP(RetrievalModule):
         self.x_projector = XProjector(dim, cfg.projector_layers, cfg.heads, cfg.ffn, cfg.dropout,
                                       cfg.attn_dropout)
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / cfg.init_temperature)))
+        if phase == "trikd" and not self.ablation.itc:
+            self.logit_scale.requires_grad_(False)  # no ITC term: nothing trains the temperature
         self.ttc_temperature = fixed_ttc_temperature(cfg.ttc_temperature, cfg.ttc_scale_mode)
+
+    def restart_temperature(self) -> None:
+        """Fine-tuning starts the ITC logit scale again at ln(1/init_temperature) (spec §8-A14)."""
+        with torch.no_grad():
+            self.logit_scale.fill_(math.log(1.0 / self.method_cfg.finetune.init_temperature))
 
     def train(self, mode: bool = True):
         super().train(mode)
         self.teacher.eval()
         self.mte.eval()
         return self
+
+    def on_validation_epoch_start(self) -> None:
+        """The evaluation of ``method.recall_mode`` (dedup adds the reference code's recall)."""
+        self.evaluation = RECALL_MODES[self.method_cfg.recall_mode](
+            ks=tuple(self.eval_cfg.ks), ndcg_k=self.eval_cfg.ndcg_k,
+            chunk_size=self.eval_cfg.chunk_size, rerank_k=self.eval_cfg.rerank_k,
+        )
+
+    on_test_epoch_start = on_validation_epoch_start
 
     def encode_images(self, images: Tensor) -> Tensor:
         with torch.no_grad():
@@ -243,54 +370,86 @@ class MCLIP(RetrievalModule):
         return F.normalize(self.clip_projector(features), dim=-1)
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        """Per language of the batch: ITC + λ·TTC for English, ITC alone otherwise (the teacher's
-        text tower is never called on other languages); the mean over the languages present in
-        the global batch.
+        """Per language of the batch, one loss on that language's rows; the mean over the
+        languages present in the global batch. TriKD: ITC + λ·TTC for English, ITC alone
+        otherwise (the teacher's text tower is never called on other languages), less the terms
+        the variant drops. Fine-tuning: the multi-positive loss over (caption, image) rows.
 
         Every present caption is encoded in one call; each language's loss then takes its rows,
         which may be none on this process (DDP: every process runs each language's gathers, and a
         language no process has this step is skipped by all of them)."""
-        cfg = self.method_cfg.trikd
         h_image = self.encode_images(batch["images"])
         instance, language_index = batch["present"].bool().nonzero(as_tuple=True)
         ids = batch["input_ids"][instance, language_index]
         mask = batch["attention_mask"][instance, language_index]
         h_text = self.encode_texts(ids, mask)
+        keys = image_keys(batch["ids"], h_image.device) if self.phase == FINETUNE else None
         losses = []
         for k, language in enumerate(batch["languages"]):
             mine = language_index == k
             layout = row_layout(int(mine.sum()), h_image.device)
             if layout.total == 0:
                 continue
-            h_teacher = self.teacher_texts(*trim_padding(ids[mine], mask[mine])) if language == ENGLISH else None
-            loss = trikd_loss(h_image[instance[mine]], h_text[mine], self.logit_scale,
-                              h_teacher, ttc_weight=cfg.ttc_weight,
-                              ttc_temperature=self.ttc_temperature, max_scale=cfg.max_logit_scale)
-            if layout.local:  # logged as this process's share of the global-batch loss
-                self.log(f"train/itc_{language}", loss.itc.detach(), batch_size=layout.local)
-                if loss.ttc is not None:
-                    self.log(f"train/ttc_{language}", loss.ttc.detach(), batch_size=layout.local)
-            losses.append(loss.total)
+            rows = instance[mine]
+            if self.phase == FINETUNE:
+                scale = clamped_logit_scale(self.logit_scale, self.method_cfg.trikd.max_logit_scale)
+                loss = multi_positive_info_nce(h_text[mine], h_image[rows], keys[rows], scale)
+                if layout.local:
+                    self.log(f"train/finetune_{language}", loss.detach(), batch_size=layout.local)
+                losses.append(loss)
+                continue
+            losses.append(self.trikd_step(language, h_image[rows], h_text[mine], ids[mine],
+                                          mask[mine], layout.local))
         if not losses:
-            raise ValueError("mCLIP TriKD: no process has a present caption in this step")
+            raise ValueError("mCLIP: no process has a present caption in this step")
         return torch.stack(losses).mean()
+
+    def trikd_step(self, language: str, h_image: Tensor, h_text: Tensor, ids: Tensor,
+                   mask: Tensor, local_rows: int) -> Tensor:
+        """One language's TriKD loss (logged as this process's share of the global-batch loss)."""
+        cfg = self.method_cfg.trikd
+        with_ttc = language == ENGLISH and self.ablation.ttc
+        h_teacher = self.teacher_texts(*trim_padding(ids, mask)) if with_ttc else None
+        if not self.ablation.itc and h_teacher is None:
+            raise ValueError(f"mclip variant without ITC has no loss for {language!r} captions: "
+                             "train TriKD on English only (method.trikd.languages=[en])")
+        loss = trikd_loss(h_image, h_text, self.logit_scale, h_teacher, ttc_weight=cfg.ttc_weight,
+                          ttc_temperature=self.ttc_temperature, max_scale=cfg.max_logit_scale,
+                          itc=self.ablation.itc)
+        if local_rows:
+            if loss.itc is not None:
+                self.log(f"train/itc_{language}", loss.itc.detach(), batch_size=local_rows)
+            if loss.ttc is not None:
+                self.log(f"train/ttc_{language}", loss.ttc.detach(), batch_size=local_rows)
+        return loss.total
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
                                     gradient_clip_algorithm=None) -> None:
         clip_gradient_norm(self, self.method_cfg.grad_clip)
 
-    def configure_optimizers(self):
+    def phase_settings(self) -> tuple[float, float, int]:
+        """(peak lr, weight decay, warm-up steps) of this phase (spec §6)."""
+        if self.phase == FINETUNE:
+            ft = self.method_cfg.finetune
+            return ft[self.protocol.finetune_settings].lr, ft.weight_decay, ft.warmup_steps
         cfg = self.method_cfg.trikd
-        groups = param_groups(self, cfg.weight_decay, cfg.lr)
-        optimizer = Lamb(groups, lr=cfg.lr, max_grad_norm=None)  # clipping: see grad_clip
-        factor = partial(inverse_sqrt_factor, warmup_steps=cfg.warmup_steps,
-                         decay_from_step=cfg.warmup_steps, initial_ratio=INITIAL_LR / cfg.lr)
+        return cfg.lr, cfg.weight_decay, cfg.warmup_steps
+
+    def configure_optimizers(self):
+        lr, weight_decay, warmup_steps = self.phase_settings()
+        groups = param_groups(self, weight_decay, lr)
+        optimizer = Lamb(groups, lr=lr, max_grad_norm=None)  # clipping: see grad_clip
+        factor = partial(inverse_sqrt_factor, warmup_steps=warmup_steps,
+                         decay_from_step=warmup_steps, initial_ratio=INITIAL_LR / lr)
         return {"optimizer": optimizer,
                 "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
 
     @classmethod
     def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
         names = selected_stages(method)
+        protocol = protocol_of(method, list(data.languages))
+        if protocol.finetune_languages:
+            names.append(FINETUNE)
         previous = {name: names[i - 1] if i else None for i, name in enumerate(names)}
 
         def checkpoint(name: str, path: Path | None) -> dict[str, Tensor] | None:
@@ -325,6 +484,14 @@ class MCLIP(RetrievalModule):
                     load_prefixed(module.teacher, state, "teacher.")
             return module
 
+        def build_finetune(path: Path | None) -> L.LightningModule:
+            module = cls(method, optim, data, evaluation, phase=FINETUNE)
+            state = checkpoint(FINETUNE, path)
+            if state is not None:
+                module.load_state_dict(state)
+                module.restart_temperature()
+            return module
+
         def stage(name: str) -> Stage:
             if name in ("teacher", "trikd"):
                 cfg = method[name]
@@ -332,10 +499,19 @@ class MCLIP(RetrievalModule):
                 return Stage(name, build,
                              lambda dm: dm.train_dataloader(languages=list(cfg.languages)),
                              cfg.max_steps, f"method.{name}.max_steps")
+            if name == FINETUNE:
+                block = protocol.finetune_settings
+                return Stage(name, build_finetune,
+                             lambda dm: dm.train_dataloader(
+                                 languages=list(protocol.finetune_languages)),
+                             method.finetune[block].max_steps,
+                             f"method.finetune.{block}.max_steps")
             joint = name == "mte_ctl"
             part = "ctl" if joint else "nmt"
+            t = method.translation
             return Stage(name, partial(build_mte_stage_from, joint, name),
-                         lambda dm: dm.parallel_dataloader(),
-                         method.translation[part].max_steps, f"method.translation.{part}.max_steps")
+                         lambda dm: dm.parallel_dataloader(beta=t.sampling_beta,
+                                                           max_tokens=t.max_tokens),
+                         t[part].max_steps, f"method.translation.{part}.max_steps")
 
         return [stage(name) for name in names]

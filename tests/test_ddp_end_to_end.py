@@ -23,12 +23,14 @@ WORLD = [
     "data.synthetic.coverage.ja=0.03", "data.batch_size=8", "data.eval_batch_size=6",
     "data.tokenizer.vocab_size=400", "data.languages=[en,de,ja]", "data.num_workers=0",
 ]
-# Stage 1b runs one epoch of its 62 parallel batches (31 per process), so the short ones come up;
-# TriKD runs one epoch (3 steps) on en and ja.
+# Stage 1b runs one epoch of its 62 parallel batches of 8 pairs (31 per process; no token counting
+# or pair sampling), so the short ones come up; TriKD runs one epoch (3 steps) on en and ja, which
+# is the translate-train protocol.
 STAGES = {
     "mclip": ["method.teacher.max_steps=2", "method.translation.nmt.max_steps=2",
-              "method.translation.ctl.max_steps=31", "method.trikd.max_steps=3",
-              "method.trikd.languages=[en,ja]"],
+              "method.translation.ctl.max_steps=31", "method.translation.max_tokens=null",
+              "method.translation.sampling_beta=null", "method.trikd.max_steps=3",
+              "method.trikd.languages=[en,ja]", "protocol=translate-train"],
 }
 
 

@@ -126,7 +126,7 @@ class FakeDataModule:
         self.languages_asked.append(list(languages))
         return torch.utils.data.DataLoader([image_batch(seed=3)], batch_size=None)
 
-    def parallel_dataloader(self):
+    def parallel_dataloader(self, beta=None, max_tokens=None):
         return torch.utils.data.DataLoader([parallel_batch(seed=4)], batch_size=None)
 
 
@@ -175,7 +175,7 @@ def save_word_level_tokenizer(folder):
 
 
 def test_the_paper_configuration_builds_and_trains_at_tiny_width(tmp_path):
-    paper = OmegaConf.load(method_config.__globals__["CONFIGS"] / "method" / "mclip_paper.yaml")
+    paper = method_config("mclip_paper")
     assert paper.stages == ["mte_nmt", "mte_ctl", "trikd"] and paper.mte.name == "hf:xlm-roberta-base"
     assert paper.teacher.open_clip.model == "ViT-B-32" and paper.teacher.open_clip.pretrained == "openai"
     assert (paper.trikd.heads, paper.trikd.ffn, paper.trikd.lr, paper.trikd.warmup_steps) == (12, 3072, 1e-2, 500)
@@ -217,3 +217,54 @@ def test_the_paper_configuration_builds_and_trains_at_tiny_width(tmp_path):
     assert torch.isfinite(loss)
     changed = changed_names(before, snapshot(module))
     assert changed and all(name.startswith(("clip_projector.", "x_projector.", "logit_scale")) for name in changed)
+
+
+@pytest.mark.parametrize("cut", ["source", "target"])
+def test_stage_1b_ctl_sends_gradient_into_the_encoder_through_either_side(cut, monkeypatch):
+    """Spec §9 test 13 at module level: the source is encoded first, the target second; with one
+    side's gradient cut the encoder layers still receive gradient through the other."""
+    module = stage_one(joint=True, **{"translation.dropout": 0.0})
+    module.train()
+    forward, calls = module.mte.forward, []
+
+    def cut_one_side(input_ids, attention_mask):
+        output = forward(input_ids, attention_mask)
+        if ("source", "target")[len(calls)] == cut:
+            output.states.register_hook(torch.zeros_like)
+        calls.append(cut)
+        return output
+
+    monkeypatch.setattr(module.mte, "forward", cut_one_side)
+    module.training_step(parallel_batch(), 0).backward()
+    assert len(calls) == 2
+    layers = [p for n, p in module.named_parameters() if n.startswith("mte.backbone.model.encoder.")]
+    assert sum(float(p.grad.abs().sum()) for p in layers if p.grad is not None) > 0
+
+
+def test_the_paper_preset_has_the_papers_trainable_count(tmp_path):
+    """Spec §9 test 3 on mclip_paper.yaml itself: only where the weights come from changes (tiny
+    saved models with the paper's interface widths: a 512-d CLIP joint space, a 768-d, 12-head
+    XLM-R); the TriKD section is the preset's."""
+    import open_clip
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    tokenizer = save_word_level_tokenizer(tmp_path / "tokenizer")
+    mte_dir = tmp_path / "xlmr"
+    XLMRobertaModel(XLMRobertaConfig(vocab_size=len(tokenizer), hidden_size=768, num_hidden_layers=1,
+                                     num_attention_heads=12, intermediate_size=64, max_position_embeddings=20,
+                                     pad_token_id=1, bos_token_id=0, eos_token_id=2)).save_pretrained(mte_dir)
+    clip_config = {"embed_dim": 512, "vision_cfg": {"image_size": 32, "patch_size": 16, "width": 64, "layers": 1,
+                                                    "head_width": 32},
+                   "text_cfg": {"context_length": 16, "vocab_size": 49408, "width": 64, "heads": 2, "layers": 1}}
+    torch.save(open_clip.CLIP(**clip_config).state_dict(), tmp_path / "clip.pt")
+    paper = method_config("mclip_paper", **{"mte.name": f"hf:{mte_dir}",
+                                            "teacher.open_clip.pretrained": str(tmp_path / "clip.pt"),
+                                            "teacher.open_clip.mte_tokenizer": str(tmp_path / "tokenizer")})
+    paper.teacher.open_clip.config = clip_config
+    data = DATA.__class__(**{**DATA.__dict__, "vocab_size": len(tokenizer), "pad_token_id": 1,
+                             "cls_token_id": 0, "eos_token_id": 2})
+    module = MCLIP.pipeline(paper, BASE.optim, data, BASE.evaluation)[-1].build(None)
+    assert module.mte.out_dim == 768 and module.teacher.embed_dim == 512
+    assert tuple(module.clip_projector.weight.shape) == (768, 512) and module.clip_projector.bias is None
+    trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
+    assert trainable == 14_568_961

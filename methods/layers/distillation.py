@@ -4,7 +4,8 @@ TriKD aligns a student text encoder with a frozen image-text teacher through two
 terms: image <-> student text (ITC, learnable temperature) and teacher text <-> student text (TTC,
 fixed temperature). There is no regression onto teacher vectors: "distillation" is contrastive.
 Every function takes L2-normalised features; rows with the same index are the positive pairs, and
-the negatives come from the global batch (`methods.layers.contrastive.info_nce`).
+the negatives come from the global batch (`methods.layers.contrastive.info_nce`). Fine-tuning
+after TriKD uses the multi-positive form, where rows showing the same image are all positives.
 """
 
 from __future__ import annotations
@@ -12,9 +13,11 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+import torch.nn.functional as F
 from torch import Tensor, nn
 
-from methods.layers.contrastive import info_nce
+from methods.layers.contrastive import info_nce, similarity_logits
+from methods.layers.distributed import gather_with_grad, row_layout
 
 
 def clamped_logit_scale(logit_scale: Tensor, max_scale: float = 100.0) -> Tensor:
@@ -35,20 +38,52 @@ def fixed_ttc_temperature(temperature: float, mode: str = "paper") -> float:
 @dataclass
 class TriKDLoss:
     total: Tensor
-    itc: Tensor
-    ttc: Tensor | None  # None when the captions are not English (no teacher text)
+    itc: Tensor | None  # None when the ITC term is ablated
+    ttc: Tensor | None  # None when the captions are not English (no teacher text) or TTC is ablated
 
 
 def trikd_loss(h_image: Tensor, h_student: Tensor, logit_scale: Tensor,
                h_teacher_text: Tensor | None = None, *, ttc_weight: float = 0.1,
-               ttc_temperature: float = 0.07, max_scale: float = 100.0) -> TriKDLoss:
+               ttc_temperature: float = 0.07, max_scale: float = 100.0,
+               itc: bool = True) -> TriKDLoss:
     """`L_ITC + ttc_weight·L_TTC` for English captions; `L_ITC` alone when `h_teacher_text` is None
-    (non-English captions, which the English teacher text tower cannot read)."""
-    itc = info_nce(h_image, h_student, 1.0 / clamped_logit_scale(logit_scale, max_scale))
-    if h_teacher_text is None:
-        return TriKDLoss(total=itc, itc=itc, ttc=None)
-    ttc = info_nce(h_teacher_text, h_student, ttc_temperature)
-    return TriKDLoss(total=itc + ttc_weight * ttc, itc=itc, ttc=ttc)
+    (non-English captions, which the English teacher text tower cannot read, or TTC ablated);
+    `ttc_weight·L_TTC` alone when `itc` is False (the "- L_ITC" ablation)."""
+    if not itc and h_teacher_text is None:
+        raise ValueError("TriKD without ITC needs the teacher's text embeddings (TTC)")
+    itc_loss = ttc_loss = None
+    if itc:
+        itc_loss = info_nce(h_image, h_student, 1.0 / clamped_logit_scale(logit_scale, max_scale))
+    if h_teacher_text is not None:
+        ttc_loss = info_nce(h_teacher_text, h_student, ttc_temperature)
+    if ttc_loss is None:
+        total = itc_loss
+    elif itc_loss is None:
+        total = ttc_weight * ttc_loss
+    else:
+        total = itc_loss + ttc_weight * ttc_loss
+    return TriKDLoss(total=total, itc=itc_loss, ttc=ttc_loss)
+
+
+def multi_positive_info_nce(h_text: Tensor, h_image: Tensor, image_keys: Tensor,
+                            scale: Tensor | float) -> Tensor:
+    """mCLIP's fine-tuning loss (spec §5): symmetric InfoNCE over (caption, image) rows where row j
+    is a positive of row i whenever both show the same image (``image_keys`` equal), so the
+    captions of one image never push each other away. Per query row the loss is the sum of
+    -log softmax over its positives, averaged over the rows of the global batch (as in the
+    reference code); with every key distinct it is exactly the 1-to-1 InfoNCE."""
+    layout = row_layout(len(h_text), h_text.device)
+    all_text = gather_with_grad(h_text, layout)
+    all_image = gather_with_grad(h_image, layout)
+    all_keys = gather_with_grad(image_keys, layout)
+    positives = (image_keys[:, None] == all_keys[None, :]).float()
+
+    def positives_nll(queries: Tensor, keys: Tensor) -> Tensor:
+        log_probs = F.log_softmax(similarity_logits(queries, keys) * scale, dim=1)
+        return -(positives * log_probs).sum(1)
+
+    text_to_image, image_to_text = positives_nll(h_text, all_image), positives_nll(h_image, all_text)
+    return layout.global_mean(text_to_image + image_to_text) / 2
 
 
 def freeze(module: nn.Module) -> nn.Module:

@@ -138,14 +138,21 @@ class MTEEnhancement(L.LightningModule):
     sensible for a random-init MTE, whose frozen random embeddings would leave the tied output
     layer nearly flat; the paper freezes XLM-R's pretrained ones).
 
-    `teacher` is carried unchanged (frozen) so the next stage can be built from this checkpoint.
+    Ablations (spec Table 2): `decoder=None` drops L_NMT (1b on L_CTL alone, "- L_NMT");
+    `ctl=False` drops L_CTL (1b on L_NMT alone, "- L_CTL"). `teacher` is carried unchanged
+    (frozen) so the next stage can be built from this checkpoint.
     """
 
-    def __init__(self, mte: TextEncoder, decoder: TranslationDecoder, settings: Mapping[str, Any],
-                 joint: bool, pad_token_id: int, teacher: nn.Module | None = None):
+    def __init__(self, mte: TextEncoder, decoder: TranslationDecoder | None,
+                 settings: Mapping[str, Any], joint: bool, pad_token_id: int,
+                 teacher: nn.Module | None = None, ctl: bool = True):
         super().__init__()
+        if decoder is None and not (joint and ctl):
+            raise ValueError("Stage 1 without a decoder (no L_NMT) must be the joint stage "
+                             "with L_CTL")
         self.mte, self.decoder, self.teacher = mte, decoder, teacher
         self.settings, self.joint, self.pad_token_id = dict(settings), joint, pad_token_id
+        self.ctl = ctl
         self.mte.requires_grad_(False)
         embeddings = mte_embeddings(mte)  # fails early on a non-XLM-R backend
         if joint:
@@ -169,18 +176,21 @@ class MTEEnhancement(L.LightningModule):
         tgt_ids, tgt_mask = trim_padding(batch["tgt_input_ids"], batch["tgt_attention_mask"])
         with torch.set_grad_enabled(self.joint):
             source = self.mte(src_ids, src_mask)
-        word_embeddings = self.mte.input_embeddings().weight
-        logits, gold = self.decoder(tgt_ids, source.states, source.mask, batch["tgt_language"],
-                                    word_embeddings)
-        nmt = translation_nll(logits, gold, self.pad_token_id, self.settings["label_smoothing"])
-        self.log("train/nmt", nmt, batch_size=len(src_ids))
-        if not self.joint:
-            return nmt
-        target = self.mte(tgt_ids, tgt_mask)
-        ctl = contrastive_translation_loss(source.states, source.mask, target.states, target.mask,
-                                           self.settings["ctl_temperature"])
-        self.log("train/ctl", ctl, batch_size=len(src_ids))
-        return nmt + self.settings["ctl_weight"] * ctl
+        losses = []
+        if self.decoder is not None:
+            word_embeddings = self.mte.input_embeddings().weight
+            logits, gold = self.decoder(tgt_ids, source.states, source.mask, batch["tgt_language"],
+                                        word_embeddings)
+            nmt = translation_nll(logits, gold, self.pad_token_id, self.settings["label_smoothing"])
+            self.log("train/nmt", nmt, batch_size=len(src_ids))
+            losses.append(nmt)
+        if self.joint and self.ctl:
+            target = self.mte(tgt_ids, tgt_mask)
+            ctl = contrastive_translation_loss(source.states, source.mask, target.states,
+                                               target.mask, self.settings["ctl_temperature"])
+            self.log("train/ctl", ctl, batch_size=len(src_ids))
+            losses.append(self.settings["ctl_weight"] * ctl)
+        return sum(losses[1:], losses[0])
 
     def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
                                     gradient_clip_algorithm=None) -> None:
