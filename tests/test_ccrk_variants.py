@@ -9,7 +9,7 @@ import methods.ccrk as ccrk_module
 from experiments.config import compose, method_label
 from experiments.runs import config_fingerprint
 from methods.ccrk import CCRk
-from tests.test_ccrk_module import B, EVALUATION, K, OPTIM, Info, build, training_batch
+from tests.test_ccrk_module import B, EVALUATION, K, OPTIM, Info, build, method_config, training_batch
 
 VARIANTS = ("full", "no_kcl", "no_hard_mitm", "no_hard_cmlm", "no_cl", "pure_kcl", "pure_one_to_one")
 
@@ -135,3 +135,12 @@ def test_training_step_clamps_a_temperature_pushed_past_its_bounds():
             module.temperature.log_tau.fill_(outside)
         module.training_step(training_batch(), 0)
         assert module.temperature.log_tau.exp().item() == pytest.approx(bound)
+
+
+def test_a_run_stored_before_the_ablation_keys_still_loads():
+    """Checkpoints and config.yaml files written before issue 14 lack these keys: the full model."""
+    method = method_config()
+    for key in ("use_fusion", "ablation", "ablations"):
+        method.pop(key)
+    module = CCRk(method, OPTIM, Info(), EVALUATION)
+    assert module.method_cfg.use_fusion and hasattr(module, "fusion")
