@@ -32,6 +32,8 @@ class OptimConfig:
     betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = bounded(1.0e-6, above=0)
     warmup_steps: int = bounded(100, minimum=0)
+    warmup_ratio: Optional[float] = bounded(None, minimum=0)
+    schedule: str = "cosine"
     min_lr_ratio: float = bounded(0.01, minimum=0)
 
 
@@ -116,7 +118,7 @@ class RunConfig:
     preset: Dict[str, str] = field(default_factory=dict)
 
 
-CHOICES = {"data.on_missing_image": ("error", "skip")}
+CHOICES = {"data.on_missing_image": ("error", "skip"), "optim.schedule": ("cosine", "linear")}
 
 
 def check_bounds(cfg: DictConfig, schema: type = RunConfig, prefix: str = "") -> None:

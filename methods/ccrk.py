@@ -14,6 +14,9 @@ full spec ``shared/specs/ccrk.md``). Per step, in the paper's order:
 
 Retrieval ranks by the dual-encoder cosine; with ``evaluation.rerank_k > 0`` each query's top-k is
 re-scored by the fusion encoder and ITM head (§5).
+
+Ablations (spec §3.5, paper Table 2 / Fig. 5) are named in ``method.ablations`` and selected with
+``variant=<name>``, which also names the leaderboard row.
 """
 
 from __future__ import annotations
@@ -42,8 +45,26 @@ from methods.layers.masking import IGNORE_INDEX, mask_tokens
 from methods.layers.one_to_k import one_to_k_loss
 from methods.registry import register
 
-CONTRASTIVE = ("one_to_k", "one_to_one")
+CONTRASTIVE = ("one_to_k", "one_to_one", "none")
 RERANK_SCORES = ("prob", "logit")
+
+
+def resolve_settings(method) -> Any:
+    """The method config with the switches of ``method.ablation`` (a key of ``method.ablations``,
+    or null for the full model) merged on top; impossible combinations are errors."""
+    ablation = method.get("ablation")
+    table = method.get("ablations") or {}
+    if ablation is not None and ablation not in table:
+        raise ValueError(f"ccrk ablation {ablation!r} (method.ablation, from variant=) is not one of "
+                         f"{sorted(table)}; to label a run freely set method.ablation=null")
+    added_later = {"use_fusion": True}  # runs stored before the key existed trained the full model
+    settings = OmegaConf.merge(added_later, method, table[ablation] if ablation is not None else {})
+    for key, allowed in (("contrastive", CONTRASTIVE), ("rerank_score", RERANK_SCORES)):
+        if settings[key] not in allowed:
+            raise ValueError(f"method.{key}: expected one of {allowed}, got {settings[key]!r}")
+    if settings.contrastive == "none" and not settings.use_fusion:
+        raise ValueError("method.contrastive=none with method.use_fusion=false leaves no loss to train")
+    return settings
 
 
 def build_text_and_fusion(method: Any, data: Any, image_dim: int) -> tuple[TextEncoder, FusionEncoder]:
@@ -100,19 +121,25 @@ class CCRk(RetrievalModule):
 
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
+        self.method_cfg = resolve_settings(self.method_cfg)
         method, data = self.method_cfg, self.data_info  # normalised by the base (checkpoints store dicts)
-        for key, allowed in (("contrastive", CONTRASTIVE), ("rerank_score", RERANK_SCORES)):
-            if method[key] not in allowed:
-                raise ValueError(f"method.{key}: expected one of {allowed}, got {method[key]!r}")
+        if method.contrastive == "none" and self.eval_cfg.rerank_k == 0:
+            raise ValueError("method.contrastive=none (w/o CL) ranks every candidate by ITM: set "
+                             "evaluation.rerank_k to at least the number of candidates (e.g. 1000000)")
+        if not method.use_fusion and self.eval_cfg.rerank_k > 0:
+            raise ValueError("method.use_fusion=false (pure contrastive) has no ITM head to re-rank with: "
+                             "set evaluation.rerank_k=0")
         self.image_encoder = ImageEncoder.from_config(method.image_encoder, data)
-        self.text_encoder, self.fusion = build_text_and_fusion(method, data, self.image_encoder.out_dim)
+        self.text_encoder, fusion = build_text_and_fusion(method, data, self.image_encoder.out_dim)
         width = self.text_encoder.out_dim
         self.vision_proj = ProjectionHead(self.image_encoder.out_dim, method.embed_dim)
         self.text_proj = ProjectionHead(width, method.embed_dim)
-        self.itm_head = ITMHead(width)
-        embeddings = self.text_encoder.input_embeddings()
-        self.mlm_head = MLMHead(width, embeddings.num_embeddings,
-                                tie_to=embeddings if method.mlm.tie_to_embeddings else None)
+        if method.use_fusion:  # pure contrastive (false): no fusion encoder, ITM or MLM head at all
+            self.fusion = fusion
+            self.itm_head = ITMHead(width)
+            embeddings = self.text_encoder.input_embeddings()
+            self.mlm_head = MLMHead(width, embeddings.num_embeddings,
+                                    tie_to=embeddings if method.mlm.tie_to_embeddings else None)
         self.temperature = LearnableTemperature(**method.temperature)
         self.special_token_ids = (data.pad_token_id, data.cls_token_id, data.eos_token_id, data.mask_token_id)
 
@@ -148,17 +175,22 @@ class CCRk(RetrievalModule):
         attention_mask = batch["attention_mask"].reshape(batch_size * languages, length).clone()
         attention_mask[:, 0] = 1  # an absent caption (all padding) still attends to one token; no loss uses it
         present = batch["present"].reshape(-1).bool()
+        self.temperature.clamp_()  # [ref]: τ is put back into its bounds before every forward pass
 
         image_states = self.image_encoder(images)
         text = self.encode_captions(input_ids, attention_mask)
         image_feat, text_feat = self.vision_proj(image_states[:, 0]), self.text_proj(text.pooled)
         temperature = self.temperature()
 
-        losses = {"kcl": self.contrastive_loss(image_feat, text_feat, temperature, present)}
-        samples = sample_hard_examples(image_feat, text_feat, temperature, self.method_cfg.hard_mining, present)
-        losses["mitm"] = self.matching_loss(text.states, text.mask, image_states, image_feat, text_feat,
-                                            temperature, present, samples)
-        losses["cmlm"] = self.masked_lm_loss(input_ids, attention_mask, image_states, present, samples)
+        losses = {}
+        if self.method_cfg.contrastive != "none":  # w/o CL drops it
+            losses["kcl"] = self.contrastive_loss(image_feat, text_feat, temperature, present)
+        if self.method_cfg.use_fusion:  # pure contrastive drops MITM and CMLM
+            samples = sample_hard_examples(image_feat, text_feat, temperature, self.method_cfg.hard_mining,
+                                           present)
+            losses["mitm"] = self.matching_loss(text.states, text.mask, image_states, image_feat, text_feat,
+                                                temperature, present, samples)
+            losses["cmlm"] = self.masked_lm_loss(input_ids, attention_mask, image_states, present, samples)
         total = sum(losses.values())  # Eq. 6: unweighted sum
 
         self.log_dict({f"train/{name}": value.detach() for name, value in losses.items()}, batch_size=batch_size)
@@ -202,18 +234,14 @@ class CCRk(RetrievalModule):
         logits = self.mlm_head(fused[selected])
         return F.cross_entropy(logits.float(), masked.labels[selected])
 
-    def optimizer_step(self, *args, **kwargs) -> None:
-        """Clamp τ in place to its bounds after each optimiser step ([ref]), so it can move back."""
-        super().optimizer_step(*args, **kwargs)
-        self.temperature.clamp_()
-
     def lr_scales(self) -> dict[str, float]:
         """Newly initialised parts (cross-attention, projections, ITM head, τ) train at
         ``new_param_lr_scale`` × lr ([ref]: 2× when the encoders are pretrained)."""
         scale = self.method_cfg.new_param_lr_scale
         prefixes = ["vision_proj", "text_proj", "itm_head", "temperature"]
-        prefixes += [f"fusion.layers.{i}.{part}" for i in range(len(self.fusion.layers))
-                     for part in ("cross_attn", "norm_cross")]
+        if self.method_cfg.use_fusion:
+            prefixes += [f"fusion.layers.{i}.{part}" for i in range(len(self.fusion.layers))
+                         for part in ("cross_attn", "norm_cross")]
         return {prefix: scale for prefix in prefixes}
 
     # ---- evaluation: ITM re-ranking --------------------------------------------------------------
@@ -226,15 +254,23 @@ class CCRk(RetrievalModule):
         """Token ids and masks; the few re-ranked captions are re-encoded on demand."""
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
-    def reranker(self, image_emb_cache: Tensor, text_cache: Mapping[str, Tensor]) -> MatchingReranker:
+    def reranker(self, image_emb_cache: Tensor, text_cache: Mapping[str, Tensor]) -> MatchingReranker | None:
+        if not self.method_cfg.use_fusion:
+            return None
         return MatchingReranker(self, image_emb_cache, text_cache["input_ids"], text_cache["attention_mask"])
 
     @torch.no_grad()
     def match_scores(self, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """ITM score of each (image, caption) pair: the match probability, or its logit ([ref])."""
+        """ITM score of each (image, caption) pair, for ranking: the match probability (as its log-odds)
+        or the raw match logit ([ref]).
+
+        ``prob`` returns logit[1] − logit[0], whose order is exactly that of softmax(logits)[1]: the
+        float32 probability itself rounds to 1.0 beyond log-odds ≈ 17, which a confident head reaches
+        for the gold and its near misses alike, and the tied candidates then share their ranks.
+        """
         text = self.encode_captions(input_ids, attention_mask)
         logits = self.itm_head(self.fuse(text.states, text.mask, image_states)[:, 0]).float()
-        return logits.softmax(1)[:, 1] if self.method_cfg.rerank_score == "prob" else logits[:, 1]
+        return logits[:, 1] - logits[:, 0] if self.method_cfg.rerank_score == "prob" else logits[:, 1]
 
 
 class MatchingReranker:

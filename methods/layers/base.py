@@ -23,7 +23,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
 import metrics
-from methods.layers.optim import param_groups, warmup_cosine
+from methods.layers.optim import SCHEDULES, param_groups, warmup_step_count
 
 if TYPE_CHECKING:
     from datamodules.datamodule import CCRDataModule
@@ -124,10 +124,11 @@ class RetrievalModule(L.LightningModule):
             betas=tuple(cfg.betas),
             eps=cfg.eps,
         )
+        total_steps = int(self.trainer.estimated_stepping_batches)
         schedule = partial(
-            warmup_cosine,
-            warmup_steps=cfg.warmup_steps,
-            total_steps=int(self.trainer.estimated_stepping_batches),
+            SCHEDULES[cfg.get("schedule", "cosine")],  # configs older than the key: cosine
+            warmup_steps=warmup_step_count(total_steps, cfg.warmup_steps, cfg.get("warmup_ratio")),
+            total_steps=total_steps,
             min_lr_ratio=cfg.min_lr_ratio,
         )
         return {

@@ -1,5 +1,5 @@
 """AdamW parameter groups (no weight decay on norms, biases, scalars, positions) and the
-linear-warmup + cosine learning-rate schedule every method shares."""
+learning-rate schedules every method shares: linear warm-up, then a cosine or a linear decay."""
 
 from __future__ import annotations
 
@@ -45,6 +45,12 @@ def param_groups(
     ]
 
 
+def warmup_step_count(total_steps: int, warmup_steps: int, warmup_ratio: float | None) -> int:
+    """Warm-up length: ``warmup_ratio`` of the run's optimizer steps when set (CCRk: the first 3 %),
+    else the fixed ``warmup_steps``."""
+    return warmup_steps if warmup_ratio is None else int(warmup_ratio * total_steps)
+
+
 def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
     """Learning-rate multiplier at optimizer ``step`` (0-based): linear warm-up to 1 over
     ``warmup_steps`` (reached at step ``warmup_steps - 1``), then a cosine from 1 down to
@@ -53,3 +59,15 @@ def warmup_cosine(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: 
         return (step + 1) / warmup_steps
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     return min_lr_ratio + (1.0 - min_lr_ratio) * 0.5 * (1.0 + math.cos(math.pi * progress))
+
+
+def warmup_linear(step: int, warmup_steps: int, total_steps: int, min_lr_ratio: float) -> float:
+    """Like ``warmup_cosine``, but after the warm-up the multiplier falls linearly from 1 at step
+    ``warmup_steps`` to ``min_lr_ratio`` at ``total_steps`` (0: the [ref] decay to zero)."""
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
+    return min_lr_ratio + (1.0 - min_lr_ratio) * (1.0 - progress)
+
+
+SCHEDULES = {"cosine": warmup_cosine, "linear": warmup_linear}
