@@ -84,6 +84,8 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
         preset = _load_group(group, name)
         if group == "method" and "protocol" in preset:  # a method may fix its protocol (mCLIP)
             cfg.protocol = preset.pop("protocol")
+        if group == "method" and "evaluation" in preset:  # a cross-encoder fixes its scorer (RC3)
+            cfg = _merge(cfg, {"evaluation": preset.pop("evaluation")}, f"{group}/{name}.yaml")
         cfg = _merge(cfg, {group: preset}, f"{group}/{name}.yaml")
     cfg.preset = selectors
     return apply_overrides(cfg, rest)
