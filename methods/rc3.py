@@ -123,7 +123,7 @@ class RC3(RetrievalModule):
         cfg, data = self.settings, self.data_info
         self.net = SingleStreamSeq2Seq(cfg.backbone, data.languages, data.vocab_size,
                                        data.pad_token_id, data.cls_token_id, data.eos_token_id,
-                                       cfg.visual.roi_dim)
+                                       None if cfg.visual.strict_input == "patch" else cfg.visual.roi_dim)
         d = self.net.d_model
         self.itm_head = nn.Linear(d, 1)
         self.mlm_head = MLMHead(d, self.net.vocab_size, tie_to=self.net.model.shared)

@@ -75,12 +75,13 @@ class VisualTokenizer(nn.Module):
     ``patch_proj`` map each to d. ROI: ``roi_proj`` maps each precomputed region feature to d.
     """
 
-    def __init__(self, d_model: int, patch_size: int, patch_embed_dim: int, roi_dim: int):
+    def __init__(self, d_model: int, patch_size: int, patch_embed_dim: int, roi_dim: int | None):
         super().__init__()
         self.patch_size = patch_size
         self.patch_embed = nn.Linear(3 * patch_size * patch_size, patch_embed_dim)
         self.patch_proj = nn.Linear(patch_embed_dim, d_model)
-        self.roi_proj = nn.Linear(roi_dim, d_model)
+        # only when ROI features are read: an unused layer would stall DDP's gradient reduction
+        self.roi_proj = nn.Linear(roi_dim, d_model) if roi_dim else None
 
     def patches(self, images: Tensor) -> Tensor:
         """``[B,3,H,W]`` -> ``[B, (H/p)(W/p), d]``, patches in row-major order."""
@@ -92,6 +93,8 @@ class VisualTokenizer(nn.Module):
 
     def rois(self, features: Tensor) -> Tensor:
         """``[B, k, roi_dim]`` -> ``[B, k, d]``."""
+        if self.roi_proj is None:
+            raise ValueError("this model reads no ROI features (method.visual.strict_input=patch)")
         return self.roi_proj(features)
 
 
@@ -99,7 +102,7 @@ class SingleStreamSeq2Seq(nn.Module):
     """The mBART encoder–decoder with RC3's inputs, tags, visual tokens and output heads."""
 
     def __init__(self, backbone: Mapping[str, Any], languages: Sequence[str], vocab_size: int,
-                 pad_token_id: int, bos_token_id: int, eos_token_id: int, roi_dim: int):
+                 pad_token_id: int, bos_token_id: int, eos_token_id: int, roi_dim: int | None):
         super().__init__()
         self.languages = list(languages)
         self.model = build_mbart(backbone, vocab_size, pad_token_id, bos_token_id, eos_token_id)
