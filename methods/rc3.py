@@ -44,7 +44,7 @@ from methods.layers.euclidean_contrastive import (
 )
 from methods.layers.heads import MLMHead, ProjectionHead
 from methods.layers.masking import IGNORE_INDEX, maskable_positions
-from methods.layers.seq2seq import Encoded, SingleStreamSeq2Seq
+from methods.layers.seq2seq import SingleStreamSeq2Seq
 from methods.layers.translation import trim_padding
 from methods.registry import register
 
@@ -228,10 +228,11 @@ class RC3(RetrievalModule):
         return states[:, 1:].mean(1)
 
     def xtcl_term(self, batch: dict | None) -> ContrastiveTerm:
-        """XTCL on one parallel-text batch (§3.3)."""
+        """XTCL on the first ``anchors_per_task`` pairs of one parallel-text batch (§3.3)."""
         alpha = self.settings.zeta * self.xtcl_tracker.p_avg()
-        src_ids, src_mask = trim_padding(batch["src_input_ids"], batch["src_attention_mask"])
-        tgt_ids, tgt_mask = trim_padding(batch["tgt_input_ids"], batch["tgt_attention_mask"])
+        n = self.settings.anchors_per_task
+        src_ids, src_mask = trim_padding(batch["src_input_ids"][:n], batch["src_attention_mask"][:n])
+        tgt_ids, tgt_mask = trim_padding(batch["tgt_input_ids"][:n], batch["tgt_attention_mask"][:n])
         return xtcl_loss(self.text_representation(src_ids, src_mask, batch["src_language"]),
                          self.text_representation(tgt_ids, tgt_mask, batch["tgt_language"]), alpha)
 
@@ -243,7 +244,7 @@ class RC3(RetrievalModule):
         present = batch["present"].bool()
         weak = batch.get("alignment_weak")
         weak = torch.zeros_like(present[:, 0]) if weak is None else weak.bool()
-        strict_draw = draw_triplet_rows(present, ~weak, cfg.triplets_per_source)
+        strict_draw = draw_triplet_rows(present, ~weak, cfg.anchors_per_task)
         strict = Triplets(batch, *strict_draw) if strict_draw else None
         losses: dict[str, Tensor] = {}
         alpha = cfg.zeta * self.vt_tracker.p_avg()
@@ -257,7 +258,7 @@ class RC3(RetrievalModule):
         if cfg.use_rxvtcl:
             rxvtcl = term_s.loss
             if cfg.use_weak:
-                weak_draw = draw_triplet_rows(present, weak, cfg.triplets_per_source) if bool(weak.any()) else None
+                weak_draw = draw_triplet_rows(present, weak, cfg.anchors_per_task) if bool(weak.any()) else None
                 weak_t = Triplets(batch, *weak_draw) if weak_draw else None
                 weak_visual = self.net.visual.patches(weak_t.images) if weak_t else None
                 term_w, _ = self.contrastive_source(weak_t, weak_visual, alpha, regularise=cfg.use_kl)

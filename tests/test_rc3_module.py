@@ -97,7 +97,7 @@ def test_unknown_variant_is_a_clear_error():
 def test_variant_changes_the_leaderboard_label():
     from experiments.config import compose, method_label
     assert method_label(compose(["method=rc3", "variant=no_kl"])) == "rc3+no_kl"
-    assert compose(["method=rc3"]).evaluation.rerank_k == 16  # the cross-encoder scorer is the default
+    assert compose(["method=rc3"]).evaluation.rerank_k == 8  # the cross-encoder scorer is the default
 
 
 def test_text_relevance_carries_no_gradient(monkeypatch):  # §9.11
@@ -203,7 +203,7 @@ def test_decoder_targets_are_the_other_language(monkeypatch):  # §9.13
 
 def smoke_train(variant, steps=40):
     """``steps`` Adam steps on 16 tiny triplets (8 weak); returns the module and its totals."""
-    module = build("method.triplets_per_source=8", f"variant={variant}")
+    module = build("method.anchors_per_task=8", f"variant={variant}")
     batch = train_batch(weak=[i >= 8 for i in range(16)], n=16)
     optimiser = torch.optim.Adam(module.parameters(), lr=1e-3)
     totals = []

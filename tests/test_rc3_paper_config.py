@@ -24,7 +24,7 @@ def saved_mbart(folder, vocab):
 
 def paper(folder, *overrides):
     cfg = compose(["method=rc3_paper", f"method.backbone.pretrained={folder}",
-                   "method.triplets_per_source=8", *overrides])
+                   "method.anchors_per_task=8", *overrides])
     return RC3(cfg.method, cfg.optim, Info(image_size=64), cfg.evaluation)
 
 
