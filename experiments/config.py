@@ -84,8 +84,9 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
         preset = _load_group(group, name)
         if group == "method" and "protocol" in preset:  # a method may fix its protocol (mCLIP)
             cfg.protocol = preset.pop("protocol")
-        if group == "method" and "optim" in preset:  # a method may set its paper's optimiser (CCRk §7)
-            cfg = _merge(cfg, {"optim": preset.pop("optim")}, f"{group}/{name}.yaml")
+        for section in ("optim", "evaluation"):  # a method may fix its paper's optimiser
+            if group == "method" and section in preset:  # (CCRk §7) or its scorer (RC3)
+                cfg = _merge(cfg, {section: preset.pop(section)}, f"{group}/{name}.yaml")
         cfg = _merge(cfg, {group: preset}, f"{group}/{name}.yaml")
     cfg.preset = selectors
     return apply_overrides(cfg, rest)

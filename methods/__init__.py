@@ -12,7 +12,8 @@ from importlib import import_module
 from methods import registry
 from methods.registry import register
 
-METHOD_MODULES = ("methods.clip", "methods.ccrk", "methods.mclip", "methods.cl2cm", "methods.covlr")
+METHOD_MODULES = ("methods.clip", "methods.ccrk", "methods.mclip", "methods.cl2cm", "methods.covlr",
+                  "methods.rc3")
 
 
 def _import_methods() -> None:

@@ -53,7 +53,7 @@ def test_ddp_training_scores_equal_a_one_process_rescoring(method, tmp_path_fact
     trained = json.loads((run_dir / "metrics.json").read_text())
     cli("experiments.evaluate", f"ckpt={trained['checkpoint']}", "trainer.devices=1",
         "trainer.strategy=auto")
-    rescored = json.loads((run_dir / "eval" / "test-itc" / "metrics.json").read_text())
+    rescored = json.loads((run_dir / "eval" / f"test-{trained['scorer']}" / "metrics.json").read_text())
 
     assert trained["metrics"] == rescored["metrics"]
     assert {"en/i2t/R@1", "ja/t2i/R@10", "mR"} <= set(trained["metrics"])

@@ -1,0 +1,402 @@
+"""``rc3``: RC3, regularised cross-lingual visio-textual contrastive pre-training (spec
+shared/specs/rc3.md, docs/rc3.md).
+
+A single-stream mBART encoder–decoder (``methods/layers/seq2seq.py``) trained, every step, on the
+sum of four objectives on their own data pools (§3.5):
+
+* MCLM (strict triplets): MLM of the masked caption x^i given the image, plus translation of it into
+  x^j on the decoder;
+* ITM (strict triplets): the ITM head on (v, x^i) against (v, partner's x^i);
+* XTCL (parallel text, ``datamodule.parallel_dataloader()``): Euclidean contrastive loss with
+  interpolated negatives between text-only TRs;
+* R-XVtCL (strict and weak triplets): the same loss between fused VtRs, six negatives from one
+  partner triplet; weak triplets (``alignment_weak``) add KL(P_vtr ‖ P_tr) (``methods/layers/
+  euclidean_contrastive.py``).
+
+Visual input: patch tokens from raw pixels unless ``method.visual.strict_input`` asks for ROI
+features (a batch key ``roi_features``); weak triplets always use patches. Retrieval is the paper's
+cross-encoder ITM score, applied to each query's top ``evaluation.rerank_k`` candidates of a first
+stage: a linear probe (image-only pass of the encoder, mean visual state; text TR) trained with
+InfoNCE on detached features, so it never changes what RC3 trains.
+"""
+
+from __future__ import annotations
+
+from itertools import permutations
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
+from omegaconf import OmegaConf
+from torch import Tensor, nn
+
+from methods.layers.base import RetrievalModule
+from methods.layers.contrastive import info_nce
+from methods.layers.distributed import row_layout
+from methods.layers.euclidean_contrastive import (
+    ContrastiveTerm,
+    PosProbTracker,
+    global_mean_scalar,
+    involution_pairs,
+    rxvtcl_vectors,
+    textual_distances,
+    xtcl_loss,
+)
+from methods.layers.heads import MLMHead, ProjectionHead
+from methods.layers.masking import IGNORE_INDEX, maskable_positions
+from methods.layers.seq2seq import SingleStreamSeq2Seq
+from methods.layers.translation import trim_padding
+from methods.registry import register
+
+VISUAL_INPUTS = ("patch", "roi", "combined")
+
+
+def resolve_settings(method) -> OmegaConf:
+    """The method config with the switches of ``method.ablation`` (from ``variant=``) applied."""
+    ablation = method.get("ablation")
+    if ablation is not None and ablation not in method.ablations:
+        raise ValueError(
+            f"rc3 ablation {ablation!r} (method.ablation, from variant=) is not one of "
+            f"{sorted(method.ablations)}; to label a run freely set method.ablation=null"
+        )
+    settings = OmegaConf.merge(method, method.ablations[ablation] if ablation is not None else {})
+    if settings.visual.strict_input not in VISUAL_INPUTS:
+        raise ValueError(
+            f"method.visual.strict_input {settings.visual.strict_input!r}: expected {VISUAL_INPUTS}"
+        )
+    return settings
+
+
+def mask_content(input_ids: Tensor, attention_mask: Tensor, mask_token_id: int,
+                 special_ids: list[int], probability: float) -> tuple[Tensor, Tensor]:
+    """RC3's MLM corruption (§8.12): each content token (attended, not special) becomes [MASK]
+    with ``probability``; returns (masked ids, labels with IGNORE_INDEX off the masked tokens)."""
+    content = maskable_positions(input_ids, attention_mask, special_ids)
+    chosen = content & (torch.rand(input_ids.shape, device=input_ids.device) < probability)
+    labels = input_ids.masked_fill(~chosen, IGNORE_INDEX)
+    return input_ids.masked_fill(chosen, mask_token_id), labels
+
+
+class Triplets:
+    """Rows of one source (strict or weak) with an ordered language pair (l_i, l_j): images,
+    captions x^i / x^j trimmed to a common length, and their languages. Even row count."""
+
+    def __init__(self, batch: dict, rows: Tensor, pair: tuple[int, int]):
+        languages = batch["languages"]
+        (ki, kj), self.rows = pair, rows
+        self.lang_i, self.lang_j = languages[ki], languages[kj]
+        self.images = batch["images"][rows]
+        ids = torch.cat([batch["input_ids"][rows, ki], batch["input_ids"][rows, kj]])
+        mask = torch.cat([batch["attention_mask"][rows, ki], batch["attention_mask"][rows, kj]])
+        ids, mask = trim_padding(ids, mask)
+        n = len(rows)
+        self.ids_i, self.ids_j, self.mask_i, self.mask_j = ids[:n], ids[n:], mask[:n], mask[n:]
+        self.roi = batch["roi_features"][rows] if "roi_features" in batch else None
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+
+def draw_triplet_rows(present: Tensor, candidates: Tensor,
+                      limit: int) -> tuple[Tensor, tuple[int, int]] | None:
+    """One ordered language pair (l_i ≠ l_j) drawn uniformly among the pairs that at least two of
+    the ``candidates`` rows have, and the first ``limit`` of those rows (batches are shuffled; an
+    even number: one is dropped when odd). None when no pair has two rows."""
+    pairs = [(i, j) for i, j in permutations(range(present.shape[1]), 2)
+             if int((present[candidates, i] & present[candidates, j]).sum()) >= 2]
+    if not pairs:
+        return None
+    i, j = pairs[int(torch.randint(len(pairs), ()))]
+    rows = candidates.nonzero().flatten()
+    rows = rows[(present[rows, i] & present[rows, j])][:limit]
+    return rows[: len(rows) - len(rows) % 2], (i, j)
+
+
+@register("rc3")
+class RC3(RetrievalModule):
+    """The seq2seq backbone, ITM / MLM heads, the two positive-probability trackers and the
+    first-stage probe heads."""
+
+    def __init__(self, method, optim, data, evaluation):
+        super().__init__(method, optim, data, evaluation)
+        self.settings = resolve_settings(self.method_cfg)
+        cfg, data = self.settings, self.data_info
+        self.net = SingleStreamSeq2Seq(cfg.backbone, data.languages, data.vocab_size,
+                                       data.pad_token_id, data.cls_token_id, data.eos_token_id,
+                                       None if cfg.visual.strict_input == "patch" else cfg.visual.roi_dim)
+        d = self.net.d_model
+        self.itm_head = nn.Linear(d, 1)
+        self.mlm_head = MLMHead(d, self.net.vocab_size, tie_to=self.net.model.shared)
+        self.xtcl_tracker = PosProbTracker(cfg.tracker_window)
+        self.vt_tracker = PosProbTracker(cfg.tracker_window)
+        self.probe_image = ProjectionHead(d, cfg.first_stage.dim)
+        self.probe_text = ProjectionHead(d, cfg.first_stage.dim)
+        self.parallel_batches = None  # the XTCL stream, attached on the first training step
+        self._eval_split = "val"
+        if cfg.visual.strict_input == "patch":
+            rank_zero_info("rc3: patch-only visual input (RC3-Patch); no ROI features are used")
+
+    # ---- inputs ---------------------------------------------------------------------------------
+
+    def specials(self) -> list[int]:
+        data = self.data_info
+        return [data.pad_token_id, data.cls_token_id, data.eos_token_id, data.mask_token_id,
+                *self.net.tag_ids.values(), *self.net.special_ids.values()]
+
+    def strict_visual(self, triplets: Triplets) -> Tensor:
+        """Visual tokens of strict triplets: patches, ROI features, or both (``visual.strict_input``)."""
+        kind = self.settings.visual.strict_input
+        if kind == "patch":
+            return self.net.visual.patches(triplets.images)
+        if triplets.roi is None:
+            raise ValueError(
+                f"method.visual.strict_input={kind} needs precomputed ROI features (batch key "
+                f"'roi_features'), which this data does not ship; use strict_input=patch (RC3-Patch)"
+            )
+        rois = self.net.visual.rois(triplets.roi)
+        if kind == "roi":
+            return rois
+        return self.net.combined_tokens(rois, self.net.visual.patches(triplets.images))
+
+    def tag(self, ids: Tensor, mask: Tensor, language: str) -> Tensor:
+        return self.net.tag_source(ids, mask, language)
+
+    # ---- losses ---------------------------------------------------------------------------------
+
+    def fused_quadruple(self, visual: Tensor, t: Triplets, perm: Tensor) -> tuple[Tensor, ...]:
+        """VtR of (v, x^i), (v, x^j), (v, x̂^i), (v, x̂^j) in one encoder call: ``[N, d]`` each."""
+        xi, xj = self.tag(t.ids_i, t.mask_i, t.lang_i), self.tag(t.ids_j, t.mask_j, t.lang_j)
+        ids = torch.cat([xi, xj, xi[perm], xj[perm]])
+        mask = torch.cat([t.mask_i, t.mask_j, t.mask_i[perm], t.mask_j[perm]])
+        pooled = self.net.encode(ids, mask, visual.repeat(4, 1, 1)).pooled
+        return pooled.chunk(4)
+
+    def text_representation(self, ids: Tensor, mask: Tensor, language: str) -> Tensor:
+        """TR: the state at ``[BOS]`` of the text-only input ``[BOS] x [LAN]``."""
+        return self.net.encode(self.tag(ids, mask, language), mask).pooled
+
+    def mclm_loss(self, visual: Tensor, t: Triplets) -> Tensor:
+        """MLM on the masked x^i given v, plus translation into x^j on the decoder (§3.1)."""
+        masked, labels = mask_content(t.ids_i, t.mask_i, self.data_info.mask_token_id,
+                                      self.specials(), self.settings.mask_probability)
+        encoded = self.net.encode(self.tag(masked, t.mask_i, t.lang_i), t.mask_i, visual)
+        text_states = encoded.states[:, 1 + visual.shape[1]:]
+        chosen = labels != IGNORE_INDEX
+        logits = self.mlm_head(text_states[chosen]).float()
+        mlm = F.cross_entropy(logits, labels[chosen], reduction="sum") / chosen.sum().clamp_min(1)
+        return mlm + self.net.translation_loss(encoded, t.ids_j, t.mask_j, t.lang_j)
+
+    def contrastive_source(self, t: Triplets | None, visual: Tensor | None, alpha: float,
+                           regularise: bool) -> tuple[ContrastiveTerm, tuple[Tensor, ...] | None]:
+        """R-XVtCL on one source (a collective: every process calls it, rows or not). Returns the
+        term and the fused (anchor, positive, C1, C2) for ITM reuse."""
+        n = 0 if t is None else len(t)
+        device = self.itm_head.weight.device
+        layout = row_layout(n, device)
+        if n == 0:
+            zero = self.itm_head.weight.sum() * 0.0
+            return ContrastiveTerm(zero, zero.new_zeros(0).detach(), None), None
+        perm = involution_pairs(n, device=device)
+        fused = self.fused_quadruple(visual, t, perm)
+        d_tr = None
+        if regularise:
+            with torch.no_grad():
+                d_tr = textual_distances(self.text_representation(t.ids_i, t.mask_i, t.lang_i),
+                                         self.text_representation(t.ids_j, t.mask_j, t.lang_j), perm)
+        loss_vec, raw, kl = rxvtcl_vectors(*fused, perm, alpha, d_tr=d_tr)
+        return ContrastiveTerm(layout.global_mean(loss_vec), raw,
+                               None if kl is None else kl.mean().detach()), (*fused, perm)
+
+    def itm_loss(self, anchor: Tensor, c1: Tensor) -> Tensor:
+        """BCE of the ITM head: (v, x^i) matches, (v, partner's x^i) does not (§3.2)."""
+        logits = self.itm_head(torch.cat([anchor, c1])).squeeze(1).float()
+        labels = torch.cat([torch.ones_like(logits[: len(anchor)]), torch.zeros_like(logits[len(anchor):])])
+        return F.binary_cross_entropy_with_logits(logits, labels)
+
+    def probe_loss(self, t: Triplets, visual: Tensor) -> Tensor:
+        """InfoNCE of the first-stage probe heads on detached features (no gradient to the net)."""
+        with torch.no_grad():
+            image = self.image_only_features(visual)
+            text = self.text_representation(t.ids_i, t.mask_i, t.lang_i)
+        return info_nce(self.probe_image(image), self.probe_text(text),
+                        self.settings.first_stage.temperature)
+
+    def image_only_features(self, visual: Tensor) -> Tensor:
+        """Mean final state over the visual positions of ``[CLS] visual`` (no text)."""
+        empty = torch.zeros(len(visual), 0, dtype=torch.long, device=visual.device)
+        states = self.net.encode(empty, empty.bool(), visual).states
+        return states[:, 1:].mean(1)
+
+    def xtcl_term(self, batch: dict | None) -> ContrastiveTerm:
+        """XTCL on the first ``anchors_per_task`` pairs of one parallel-text batch (§3.3)."""
+        alpha = self.settings.zeta * self.xtcl_tracker.p_avg()
+        n = self.settings.anchors_per_task
+        src_ids, src_mask = trim_padding(batch["src_input_ids"][:n], batch["src_attention_mask"][:n])
+        tgt_ids, tgt_mask = trim_padding(batch["tgt_input_ids"][:n], batch["tgt_attention_mask"][:n])
+        return xtcl_loss(self.text_representation(src_ids, src_mask, batch["src_language"]),
+                         self.text_representation(tgt_ids, tgt_mask, batch["tgt_language"]), alpha)
+
+    def losses(self, batch: dict, parallel: dict | None = None) -> dict[str, Tensor]:
+        """Every enabled objective of one step (keys as logged under ``loss/``); updates the
+        trackers after the losses are built. ``kl`` (mean over weak anchors) is a diagnostic that
+        is already inside ``rxvtcl``."""
+        cfg = self.settings
+        present = batch["present"].bool()
+        weak = batch.get("alignment_weak")
+        weak = torch.zeros_like(present[:, 0]) if weak is None else weak.bool()
+        strict_draw = draw_triplet_rows(present, ~weak, cfg.anchors_per_task)
+        strict = Triplets(batch, *strict_draw) if strict_draw else None
+        losses: dict[str, Tensor] = {}
+        alpha = cfg.zeta * self.vt_tracker.p_avg()
+        strict_visual = self.strict_visual(strict) if strict else None
+        term_s, fused = self.contrastive_source(strict, strict_visual, alpha, regularise=False)
+        raws = [term_s.raw]
+        if strict is not None:
+            losses["mclm"] = self.mclm_loss(strict_visual, strict)
+            losses["itm"] = self.itm_loss(fused[0], fused[2])
+            losses["probe"] = self.probe_loss(strict, strict_visual)
+        if cfg.use_rxvtcl:
+            rxvtcl = term_s.loss
+            if cfg.use_weak:
+                weak_draw = draw_triplet_rows(present, weak, cfg.anchors_per_task) if bool(weak.any()) else None
+                weak_t = Triplets(batch, *weak_draw) if weak_draw else None
+                weak_visual = self.net.visual.patches(weak_t.images) if weak_t else None
+                term_w, _ = self.contrastive_source(weak_t, weak_visual, alpha, regularise=cfg.use_kl)
+                rxvtcl = rxvtcl + term_w.loss
+                raws.append(term_w.raw)
+                if term_w.kl is not None:
+                    losses["kl"] = term_w.kl
+            losses["rxvtcl"] = rxvtcl
+            self.vt_tracker.update(global_mean_scalar(torch.cat(raws)))
+        if cfg.use_xtcl:
+            parallel = parallel if parallel is not None else self.next_parallel_batch()
+            term_t = self.xtcl_term(parallel)
+            losses["xtcl"] = term_t.loss
+            self.xtcl_tracker.update(global_mean_scalar(term_t.raw))
+        return losses
+
+    def total_loss(self, losses: dict[str, Tensor]) -> Tensor:
+        """Unit-weight sum of the objectives (§3.5) and the probe's own loss (its gradient reaches
+        only the probe heads); ``kl`` is part of ``rxvtcl`` already."""
+        return sum(value for key, value in losses.items() if key != "kl")
+
+    def training_step(self, batch: dict, batch_idx: int) -> Tensor:
+        losses = self.losses(batch)
+        total = self.total_loss(losses)
+        size = len(batch["images"])
+        for name, value in {**losses, "total": total}.items():
+            self.log(f"loss/{name}", value.detach(), batch_size=size)
+        self.log("train/p_avg_vt", self.vt_tracker.p_avg(), batch_size=size)
+        self.log("train/p_avg_xtcl", self.xtcl_tracker.p_avg(), batch_size=size)
+        return total
+
+    def next_parallel_batch(self) -> dict:
+        """The XTCL batch of this step: batch ``global_step`` of the cycled parallel-text stream
+        (indexed by step, so a resumed run draws the same batches)."""
+        if self.parallel_batches is None:
+            datamodule = self.trainer.datamodule
+            datamodule = getattr(datamodule, "data", datamodule)  # experiments.train.StageData
+            self.parallel_batches = StepIndexedBatches(datamodule.parallel_dataloader())
+        batch = self.parallel_batches.batch(int(self.global_step))
+        return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    # ---- evaluation: first stage + ITM re-ranking -------------------------------------------------
+
+    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_split = "val"
+        super().validation_step(batch, batch_idx, dataloader_idx)
+
+    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
+        self._eval_split = "test"
+        super().validation_step(batch, batch_idx, dataloader_idx)
+
+    def eval_visual(self, images: Tensor) -> Tensor:
+        if self.settings.visual.strict_input != "patch":
+            raise ValueError("rc3 evaluation reads patches only; ROI evaluation needs ROI features "
+                             "in the evaluation batches, which no dataset ships yet")
+        return self.net.visual.patches(images)
+
+    def encode_images(self, images: Tensor) -> Tensor:
+        return self.probe_image(self.image_only_features(self.eval_visual(images)))
+
+    def caption_languages(self, index: Tensor) -> list[str]:
+        view = self.trainer.datamodule.eval_view(self._eval_split)
+        return [view.caption_language[int(i)] for i in index]
+
+    def tagged_captions(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """Evaluation captions with their own language tags (from the evaluated view)."""
+        languages = self.caption_languages(self._current_index)
+        tagged = input_ids.clone()
+        for language in set(languages):
+            rows = torch.tensor([lang == language for lang in languages], device=input_ids.device)
+            tagged[rows] = self.tag(input_ids[rows], attention_mask[rows], language)
+        return tagged
+
+    def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        input_ids, attention_mask = trim_padding(input_ids, attention_mask)
+        tagged = self.tagged_captions(input_ids, attention_mask)
+        return self.probe_text(self.net.encode(tagged, attention_mask).pooled)
+
+    def image_cache(self, images: Tensor) -> Tensor:
+        return self.eval_visual(images)
+
+    def text_cache(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Tensor]:
+        return {"input_ids": self.tagged_captions(input_ids, attention_mask),
+                "attention_mask": attention_mask}
+
+    def reranker(self, image_cache: Tensor, text_cache: dict) -> "MatchingScorer":
+        return MatchingScorer(self, image_cache, text_cache["input_ids"], text_cache["attention_mask"])
+
+    @torch.no_grad()
+    def match_logits(self, visual: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """ITM logit of each (image, tagged caption) pair: the paper's retrieval score."""
+        input_ids, attention_mask = trim_padding(input_ids, attention_mask)
+        return self.itm_head(self.net.encode(input_ids, attention_mask, visual).pooled).squeeze(1).float()
+
+    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
+        self._current_index = batch["index"]
+
+    on_test_batch_start = on_validation_batch_start
+
+
+class MatchingScorer:
+    """``metrics.Reranker``: the ITM logit of the single-stream encoder for each candidate pair."""
+
+    def __init__(self, module: RC3, visual: Tensor, input_ids: Tensor, attention_mask: Tensor):
+        self.module, self.visual = module, visual
+        self.input_ids, self.attention_mask = input_ids, attention_mask
+
+    @torch.no_grad()
+    def __call__(self, direction: str, query_index: Tensor, candidate_index: Tensor) -> Tensor:
+        if direction not in ("i2t", "t2i"):
+            raise ValueError(f"reranker direction must be 'i2t' or 't2i', got {direction!r}")
+        queries = query_index[:, None].expand_as(candidate_index)
+        images, captions = (queries, candidate_index) if direction == "i2t" else (candidate_index, queries)
+        images, captions = images.reshape(-1), captions.reshape(-1)
+        chunk, device = self.module.settings.rerank_batch_size, self.visual.device
+        scores = []
+        for start in range(0, len(images), chunk):
+            im, cap = images[start:start + chunk].to(device), captions[start:start + chunk].to(device)
+            scores.append(self.module.match_logits(self.visual[im], self.input_ids[cap],
+                                                   self.attention_mask[cap]))
+        return torch.cat(scores).view(candidate_index.shape).to(candidate_index.device)
+
+
+class StepIndexedBatches:
+    """Batch ``step`` of a training loader cycled over its epochs, in the loader's seeded order
+    (its ``EpochSampler`` sharding included), without iterating: resume-exact by construction."""
+
+    def __init__(self, loader):
+        self.loader = loader
+        self.sampler, self.dataset, self.collate = loader.sampler, loader.dataset, loader.collate_fn
+        self._epoch, self._order = None, None
+
+    def batch(self, step: int) -> dict:
+        per_epoch = len(self.sampler)
+        if per_epoch == 0:
+            raise ValueError("rc3: the parallel-text loader is empty (XTCL needs parallel captions)")
+        epoch, position = divmod(step, per_epoch)
+        if epoch != self._epoch:
+            self.sampler.set_epoch(epoch)
+            self._epoch, self._order = epoch, list(self.sampler)
+        return self.collate(self.dataset[self._order[position]])

@@ -1,0 +1,279 @@
+"""The RC3 module (spec rc3.md §2, §3, §9 items 11-13, 15): which parameters each objective trains,
+weak data only in R-XVtCL, every ablation switch acting, input formats, MLM masking, decoder
+targets, the stop-gradient of the textual relevance, and a short smoke run."""
+
+import copy
+
+import pytest
+import torch
+from rc3_helpers import B, LANGUAGES, Info, build, parallel_batch, train_batch
+
+from methods.layers.seq2seq import Encoded
+from methods.rc3 import mask_content
+
+WEAK = [i % 2 == 1 for i in range(B)]
+
+
+def seeded_losses(module, batch, seed=0):
+    torch.manual_seed(seed)
+    return module.losses(batch, parallel_batch())
+
+
+def grad_owners(module, loss):
+    module.zero_grad()
+    loss.backward(retain_graph=True)
+    return {n for n, p in module.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+
+
+def test_each_objective_trains_exactly_its_parts():
+    module = build()
+    losses = seeded_losses(module, train_batch(weak=WEAK))
+    assert set(losses) == {"mclm", "itm", "probe", "rxvtcl", "kl", "xtcl"}
+    owners = {name: grad_owners(module, losses[name]) for name in ("mclm", "itm", "probe", "rxvtcl", "xtcl")}
+    decoder = {n for n in owners["mclm"] if n.startswith("net.model.decoder.")}
+    assert decoder and not any(n.startswith("net.model.decoder.") for k in ("itm", "rxvtcl", "xtcl", "probe")
+                               for n in owners[k])
+    assert owners["probe"] == {n for n, _ in module.named_parameters() if n.startswith("probe_")}
+    assert "itm_head.weight" in owners["itm"] and "itm_head.weight" not in owners["rxvtcl"]
+    assert any(n.startswith("mlm_head.transform") for n in owners["mclm"])
+    # XTCL is text only: no visual tokeniser; R-XVtCL reaches the patch pathway and the encoder
+    assert not any(n.startswith("net.visual.") for n in owners["xtcl"])
+    assert "net.visual.patch_embed.weight" in owners["rxvtcl"]
+    assert "net.model.encoder.layers.0.fc1.weight" in owners["xtcl"] & owners["rxvtcl"]
+    assert module.net.visual.roi_proj is None  # patch-only default: no ROI layer at all
+
+
+def test_weak_rows_never_enter_the_strict_only_losses():
+    batch = train_batch(weak=WEAK)
+    base = seeded_losses(build(), batch)  # fresh modules: the trackers start equal
+    changed = dict(batch)
+    weak = torch.tensor(WEAK)
+    changed["images"] = batch["images"].clone()
+    changed["images"][weak] = torch.randn_like(batch["images"][weak]) * 5
+    changed["input_ids"] = batch["input_ids"].clone()
+    changed["input_ids"][weak] = torch.flip(batch["input_ids"][weak], [0])
+    other = seeded_losses(build(), changed)
+    for name in ("mclm", "itm", "probe", "xtcl"):
+        assert torch.equal(base[name], other[name]), name
+    assert not torch.equal(base["rxvtcl"], other["rxvtcl"])  # the weak rows do count in R-XVtCL
+
+
+def nan_weak_images(batch):
+    batch = dict(batch)
+    batch["images"] = batch["images"].clone()
+    batch["images"][torch.tensor(WEAK)] = float("nan")
+    return batch
+
+
+def test_no_weak_switch_leaves_weak_data_out():
+    batch = nan_weak_images(train_batch(weak=WEAK))
+    assert torch.isnan(seeded_losses(build(), batch)["rxvtcl"])  # full model reads weak rows
+    losses = seeded_losses(build("variant=no_weak"), batch)
+    assert "kl" not in losses and all(torch.isfinite(v) for v in losses.values())
+
+
+def test_no_kl_switch_treats_weak_pairs_as_full_positives():
+    batch = train_batch(weak=WEAK)
+    full, no_kl = seeded_losses(build(), batch), seeded_losses(build("variant=no_kl"), batch)
+    assert "kl" in full and "kl" not in no_kl
+    assert full["kl"] > 0
+    # same RNG draws, same weights: the only difference is the KL of the weak anchors
+    assert full["rxvtcl"] > no_kl["rxvtcl"]
+
+
+def test_no_rxvtcl_and_no_xtcl_switches():
+    batch = nan_weak_images(train_batch(weak=WEAK))
+    no_rx = seeded_losses(build("variant=no_rxvtcl"), batch)
+    assert set(no_rx) == {"mclm", "itm", "probe", "xtcl"}
+    only = seeded_losses(build("variant=no_rxvtcl_xtcl"), batch)
+    assert set(only) == {"mclm", "itm", "probe"}
+
+
+def test_unknown_variant_is_a_clear_error():
+    with pytest.raises(ValueError, match="rc3 ablation 'nope'"):
+        build("variant=nope")
+
+
+def test_variant_changes_the_leaderboard_label():
+    from experiments.config import compose, method_label
+    assert method_label(compose(["method=rc3", "variant=no_kl"])) == "rc3+no_kl"
+    assert compose(["method=rc3"]).evaluation.rerank_k == 8  # the cross-encoder scorer is the default
+
+
+def test_text_relevance_carries_no_gradient(monkeypatch):  # §9.11
+    module = build()
+    probe = torch.nn.Parameter(torch.ones(()))
+    original = module.text_representation
+
+    def through_probe(ids, mask, language):
+        return original(ids, mask, language) * probe
+
+    monkeypatch.setattr(module, "text_representation", through_probe)
+    losses = seeded_losses(module, train_batch(weak=WEAK))
+    losses["kl"].requires_grad and losses["rxvtcl"].backward()
+    assert probe.grad is None
+
+
+def test_strict_rois_weak_patches_and_combined_layout():  # §9.12
+    module = build("method.visual.strict_input=combined")
+    batch = train_batch(weak=WEAK)
+    batch["roi_features"] = torch.randn(B, 4, 8)
+    seen = []
+    encode = module.net.encode
+
+    def spy(ids, mask, visual=None, visual_mask=None):
+        out = encode(ids, mask, visual, visual_mask)
+        seen.append((None if visual is None else visual.shape[1], ids.shape[1], out.states.shape[1]))
+        return out
+
+    module.net.encode = spy
+    seeded_losses(module, batch)
+    patches = (16 // 8) ** 2
+    fused = [s for s in seen if s[0] is not None]
+    assert {v for v, _, _ in fused} == {4 + 1 + patches, patches}  # strict combined, weak patches
+    for visual, text, total in fused:
+        assert total == 1 + visual + text
+    rois = module.net.visual.rois(batch["roi_features"][:2])
+    tokens = module.net.combined_tokens(rois, module.net.visual.patches(batch["images"][:2]))
+    sep = module.net.embed(torch.tensor([module.net.special_ids["sep"]]))[0]
+    assert torch.equal(tokens[0, 4], sep)  # [SEP] right after the ROIs (position 37 at 36 ROIs, after [CLS])
+
+
+def test_roi_input_without_features_is_a_clear_error():
+    module = build("method.visual.strict_input=roi")
+    with pytest.raises(ValueError, match="roi_features"):
+        seeded_losses(module, train_batch())
+
+
+def test_language_tag_is_last_real_token_and_states_read_at_index_zero():  # §9.12
+    module = build()
+    ids, mask = train_batch()["input_ids"][:, 0], train_batch()["attention_mask"][:, 0]
+    tagged = module.net.tag_source(ids, mask, "ja")
+    last = mask.sum(1) - 1
+    assert (tagged[torch.arange(B), last] == module.net.tag_ids["ja"]).all()
+    assert (tagged[:, 0] == Info.cls_token_id).all()
+    encoded = module.net.encode(tagged, mask)
+    assert torch.equal(encoded.pooled, encoded.states[:, 0])
+
+
+def test_mlm_masks_fifteen_percent_of_content_tokens_only():  # §9.13
+    module = build()
+    ids, mask = train_batch(n=256)["input_ids"][:, 0], train_batch(n=256)["attention_mask"][:, 0]
+    specials = module.specials()
+    content = mask.bool() & ~torch.isin(ids, torch.tensor(specials))
+    rates = []
+    torch.manual_seed(0)
+    for _ in range(20):
+        masked, labels = mask_content(ids, mask, Info.mask_token_id, specials, 0.15)
+        chosen = labels != -100
+        assert not (chosen & ~content).any()
+        assert (masked[chosen] == Info.mask_token_id).all() and torch.equal(masked[~chosen], ids[~chosen])
+        rates.append(chosen.sum() / content.sum())
+    assert float(torch.stack(rates).mean()) == pytest.approx(0.15, abs=0.01)
+
+
+def test_decoder_targets_are_the_other_language(monkeypatch):  # §9.13
+    module = build()
+    seen = {}
+    original = module.net.translation_loss
+
+    def spy(encoded, target_ids, target_mask, language):
+        seen.update(target=target_ids, language=language)
+        return original(encoded, target_ids, target_mask, language)
+
+    monkeypatch.setattr(module.net, "translation_loss", spy)
+    batch = train_batch()
+    captured = {}
+    from methods import rc3 as rc3_module
+    Triplets = rc3_module.Triplets
+
+    class Spy(Triplets):
+        def __init__(self, *args):
+            super().__init__(*args)
+            captured["t"] = self
+
+    monkeypatch.setattr(rc3_module, "Triplets", Spy)
+    seeded_losses(module, batch)
+    t = captured["t"]
+    assert seen["language"] == t.lang_j != t.lang_i
+    assert torch.equal(seen["target"], t.ids_j)
+    k = LANGUAGES.index(t.lang_j)
+    assert torch.equal(t.ids_j, batch["input_ids"][t.rows, k][:, : t.ids_j.shape[1]])
+
+
+def smoke_train(variant, steps=40):
+    """``steps`` Adam steps on 16 tiny triplets (8 weak); returns the module and its totals."""
+    module = build("method.anchors_per_task=8", f"variant={variant}")
+    batch = train_batch(weak=[i >= 8 for i in range(16)], n=16)
+    optimiser = torch.optim.Adam(module.parameters(), lr=1e-3)
+    totals = []
+    for step in range(steps):
+        torch.manual_seed(step)
+        losses = module.losses(batch, parallel_batch())
+        total = module.total_loss(losses)
+        optimiser.zero_grad()
+        total.backward()
+        optimiser.step()
+        assert all(torch.isfinite(v) for v in losses.values()), (step, losses)
+        totals.append(total.item())
+    module.settings.use_kl = True  # measure the KL of the trained weights on the same batch
+    torch.manual_seed(0)
+    with torch.no_grad():
+        kl = module.losses(batch, parallel_batch())["kl"].item()
+    return module, totals, kl
+
+
+def test_smoke_run_loss_decreases():  # §9.15 (total loss; the KL: see the next test)
+    module, totals, kl = smoke_train("full")
+    assert sum(totals[-5:]) < sum(totals[:5])
+    assert module.vt_tracker.p_avg() > 0 and int(module.vt_tracker.count) == 41
+
+
+def test_the_modules_kl_gradient_lowers_the_kl(monkeypatch):
+    """From a model trained 20 steps without the KL: the regulariser's share of the weak loss
+    (R-XVtCL with minus without the KL, same draws) is the KL, and a small step on it lowers the KL
+    against the same (detached) textual target. The live KL can still rise: the step moves the
+    shared encoder, hence TR and P_tr, too (see docs/rc3.md)."""
+    import methods.rc3 as rc3_module
+    module, _, _ = smoke_train("no_kl", steps=20)
+    batch = train_batch(weak=[i >= 8 for i in range(16)], n=16)
+    trackers = copy.deepcopy(module.vt_tracker.state_dict())
+    target = {}
+    live = rc3_module.textual_distances
+
+    def frozen_target(tr_i, tr_j, perm):
+        target.setdefault("d_tr", live(tr_i, tr_j, perm))
+        return target["d_tr"]
+
+    monkeypatch.setattr(rc3_module, "textual_distances", frozen_target)
+
+    def rxvtcl(use_kl):
+        module.settings.use_kl = use_kl
+        module.vt_tracker.load_state_dict(trackers)
+        torch.manual_seed(0)
+        losses = module.losses(batch, parallel_batch())
+        return losses["rxvtcl"], losses.get("kl")
+
+    with_kl, kl_before = rxvtcl(True)
+    without_kl, _ = rxvtcl(False)
+    share = with_kl - without_kl
+    assert share.item() == pytest.approx(kl_before.item(), rel=1e-4)  # Eq. 13: a sum of two means
+    module.zero_grad()
+    share.backward()
+    with torch.no_grad():
+        for p in module.parameters():
+            if p.grad is not None:
+                p -= 0.05 * p.grad
+    _, kl_after = rxvtcl(True)
+    assert kl_before > 0.005 and kl_after < 0.95 * kl_before
+
+
+def test_match_logits_score_each_pair_with_the_itm_head():
+    module = build().eval()
+    batch = train_batch()
+    visual = module.net.visual.patches(batch["images"][:3])
+    ids = module.net.tag_source(batch["input_ids"][:3, 0], batch["attention_mask"][:3, 0], "en")
+    got = module.match_logits(visual, ids, batch["attention_mask"][:3, 0])
+    one = module.itm_head(module.net.encode(ids[1:2], batch["attention_mask"][1:2, 0], visual[1:2]).pooled)
+    assert got[1].item() == pytest.approx(one.item(), abs=1e-5)
+    assert isinstance(module.net.encode(ids, batch["attention_mask"][:3, 0]), Encoded)
