@@ -12,6 +12,7 @@ from omegaconf import OmegaConf
 from PIL import Image
 from datamodules.datamodule import EpochSampler
 
+from datamodules import synthetic
 from datamodules.datamodule import CCRDataModule
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments/configs/data/synthetic.yaml"
@@ -25,6 +26,7 @@ def synthetic_cfg(root: Path, **overrides):
     cfg.max_length = 40
     cfg.tokenizer.vocab_size = 600
     cfg.synthetic.num_train, cfg.synthetic.num_val, cfg.synthetic.num_test = 32, 6, 10
+    cfg.synthetic.num_pretrain = 24
     cfg.synthetic.coverage.de = 0.5
     cfg.synthetic.weak_fraction = 0.5
     cfg.merge_with(OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
@@ -139,26 +141,20 @@ def test_val_and_test_loaders_are_image_then_caption_loaders(dm):
 
 
 def test_parallel_view_pairs_translations_one_pair_per_batch(dm):
+    """Stage 1's parallel text is the world's own corpus (pretrain scenes), never the retrieval
+    captions: every pair is line i of two languages' corpus files."""
     loader = dm.parallel_dataloader()
     dataset = loader.dataset.dataset  # SeededItems wraps the ParallelBatches
-    strict = [r for r in dm.records("train") if r.extras["alignment"] == "strict"]
-    weak = [r for r in dm.records("train") if r.extras["alignment"] == "weak"]
-    assert weak and strict
     pairs = {(src, tgt) for src, tgt, _ in dataset.batches}
     assert pairs == {p for lang in LANGUAGES[1:] for p in (("en", lang), (lang, "en"))}
-    translations = {
-        (src, tgt): {
-            (s, t)
-            for r in strict
-            if src in r.captions and tgt in r.captions
-            for s, t in zip(r.captions[src], r.captions[tgt])
-        }
-        for src, tgt in pairs
-    }
+    corpus = synthetic.parallel_text_dir(Path(dm.image_root).parent / synthetic.PRETRAIN)
+    lines = {lang: (corpus / f"{lang}.txt").read_text(encoding="utf-8").splitlines()
+             for lang in LANGUAGES}
+    translations = {(src, tgt): set(zip(lines[src], lines[tgt])) for src, tgt in pairs}
     for src, tgt, texts in dataset.batches:
         assert 0 < len(texts) <= 8 and set(texts) <= translations[src, tgt]
     assert sum(len(t) for s, g, t in dataset.batches if (s, g) == ("en", "fr")) == 8 * (
-        len(translations["en", "fr"]) // 8
+        len(lines["en"]) // 8
     )
     batch = next(iter(loader))
     assert batch["src_input_ids"].shape[1] == batch["tgt_attention_mask"].shape[1] == 40

@@ -104,6 +104,7 @@ def test_the_datamodule_serves_token_counted_smoothed_batches(tmp_path):
 
     cfg = compose(["method=mclip", f"data.root={tmp_path}", "data.synthetic.num_train=48",
                    "data.synthetic.num_val=4", "data.synthetic.num_test=4", "data.batch_size=8",
+                   "data.synthetic.num_pretrain=48", "data.num_workers=0",
                    "data.tokenizer.vocab_size=400", "data.languages=[en,de,ja]"])
     dm = build_datamodule(cfg, roles=("train",))
     loader = dm.parallel_dataloader(beta=0.2, max_tokens=200)
