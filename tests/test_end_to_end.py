@@ -62,12 +62,12 @@ def learnable_world(tmp_path_factory):
     return tmp_path_factory.mktemp("learnable_world")
 
 
-@pytest.mark.slow
 # Known open (issue 16): rc3 reaches mR 34.4 against chance 33.3 after 60 steps here.
 RC3_LEARNS_SLOWLY = pytest.mark.xfail(strict=True, reason="issue 16: rc3 is barely above chance after "
                                       "60 steps on the easy world (mR 34.4, chance 33.3)")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", [pytest.param(name, marks=RC3_LEARNS_SLOWLY) if name == "rc3"
                                     else name for name in methods.names()])
 def test_method_learns_and_reevaluation_reproduces_its_scores(method, learnable_world, tmp_path):
