@@ -26,7 +26,7 @@ from typing import Protocol, Sequence
 
 import torch
 import torch.nn.functional as F
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 from PIL import Image
 from torch import Tensor
 from torch.utils.data import DataLoader
@@ -37,7 +37,7 @@ from datamodules.synthetic import Scene, relevance_matrix
 from experiments import cli
 from experiments.config import ConfigError, compose
 from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
-from experiments.runs import claim_run_dir, config_fingerprint, git_commit, strict_json, write_atomic
+from experiments.runs import claim_run_dir, run_record, strict_json, write_atomic
 
 LIBRARIES = ("open_clip", "hf")
 PROTOCOL = "zero-shot"
@@ -269,24 +269,11 @@ def score_external(spec: ModelSpec, overrides: Sequence[str] = (), device: str =
 
 def external_record(cfg: DictConfig, spec: ModelSpec, report: dict[str, float], **facts) -> dict:
     """``metrics.json`` of an external model: the fields every run records, plus ``external``."""
-    config = OmegaConf.to_container(cfg, resolve=True)
-    return {
-        "method": spec.label,
-        "external": {"library": spec.library, "model": spec.name, "pretrained": spec.pretrained},
-        "data": cfg.preset.data,
-        "languages": list(cfg.data.languages),
-        "protocol": PROTOCOL,
-        "scorer": SCORER,
-        "seed": cfg.seed,
-        "split": "test",
-        "config_fingerprint": config_fingerprint(config),
-        "metric_protocol": dict(metrics.METRIC_PROTOCOL),
-        "git_commit": git_commit(),
-        "finished_at": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    return run_record(
+        cfg, report, method=spec.label, protocol=PROTOCOL, scorer=SCORER, split="test",
+        external={"library": spec.library, "model": spec.name, "pretrained": spec.pretrained},
         **facts,
-        "metrics": report,
-        "config": config,
-    }
+    )
 
 
 def _main(args: list[str]) -> None:

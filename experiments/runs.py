@@ -280,15 +280,17 @@ def strict_json(record: Any) -> str:
     return json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def write_metrics(path: Path, cfg: DictConfig, report: dict[str, float], **facts: Any) -> None:
-    """``metrics.json``: every metric plus what is needed to reproduce and group the row."""
+def run_record(cfg: DictConfig, report: dict[str, float], *, method: str, protocol: str,
+               scorer: str, **facts: Any) -> dict[str, Any]:
+    """What every ``metrics.json`` holds: the row's identity, what reproduces and groups it (config,
+    fingerprint, metric protocol, commit), the run's own ``facts`` and every metric."""
     config = OmegaConf.to_container(cfg, resolve=True)
-    record = {
-        "method": method_label(cfg),
+    return {
+        "method": method,
         "data": cfg.preset.data,
         "languages": list(cfg.data.languages),
-        "protocol": cfg.protocol,
-        "scorer": scorer_label(cfg),
+        "protocol": protocol,
+        "scorer": scorer,
         "seed": cfg.seed,
         "config_fingerprint": config_fingerprint(config),
         "metric_protocol": dict(metrics.METRIC_PROTOCOL),
@@ -298,4 +300,10 @@ def write_metrics(path: Path, cfg: DictConfig, report: dict[str, float], **facts
         "metrics": report,
         "config": config,
     }
+
+
+def write_metrics(path: Path, cfg: DictConfig, report: dict[str, float], **facts: Any) -> None:
+    """``metrics.json`` of a trained method's run."""
+    record = run_record(cfg, report, method=method_label(cfg), protocol=cfg.protocol,
+                        scorer=scorer_label(cfg), **facts)
     write_atomic(path, strict_json(record))

@@ -29,6 +29,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
+from metrics.reranking import score_candidate_pairs
 from methods.layers.base import RetrievalModule
 from methods.layers.contrastive import LearnableTemperature
 from methods.layers.encoders import ImageEncoder, TextEncoder, TextOutput, keep_layers
@@ -283,17 +284,9 @@ class MatchingReranker:
     @torch.no_grad()
     def __call__(self, direction: str, query_index: Tensor, candidate_index: Tensor) -> Tensor:
         """Scores [q, k]; indices are global image indices and caption indices of the evaluated set."""
-        if direction not in ("i2t", "t2i"):
-            raise ValueError(f"reranker direction must be 'i2t' or 't2i', got {direction!r}")
-        queries = query_index[:, None].expand_as(candidate_index)
-        images, captions = (queries, candidate_index) if direction == "i2t" else (candidate_index, queries)
-        images, captions = images.reshape(-1), captions.reshape(-1)
-        chunk = self.module.method_cfg.rerank_batch_size
-        device = self.image_states.device
-        scores = [
-            self.module.match_scores(self.image_states[images[start:start + chunk].to(device)],
-                                     self.input_ids[captions[start:start + chunk].to(device)],
-                                     self.attention_mask[captions[start:start + chunk].to(device)])
-            for start in range(0, len(images), chunk)
-        ]
-        return torch.cat(scores).view(candidate_index.shape).to(candidate_index.device)
+        return score_candidate_pairs(
+            direction, query_index, candidate_index,
+            lambda images, captions: self.module.match_scores(
+                self.image_states[images], self.input_ids[captions], self.attention_mask[captions]),
+            self.module.method_cfg.rerank_batch_size, self.image_states.device,
+        )

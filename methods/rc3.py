@@ -30,6 +30,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
+from metrics.reranking import score_candidate_pairs
 from methods.layers.base import RetrievalModule
 from methods.layers.contrastive import info_nce
 from methods.layers.distributed import row_layout
@@ -368,18 +369,12 @@ class MatchingScorer:
 
     @torch.no_grad()
     def __call__(self, direction: str, query_index: Tensor, candidate_index: Tensor) -> Tensor:
-        if direction not in ("i2t", "t2i"):
-            raise ValueError(f"reranker direction must be 'i2t' or 't2i', got {direction!r}")
-        queries = query_index[:, None].expand_as(candidate_index)
-        images, captions = (queries, candidate_index) if direction == "i2t" else (candidate_index, queries)
-        images, captions = images.reshape(-1), captions.reshape(-1)
-        chunk, device = self.module.settings.rerank_batch_size, self.visual.device
-        scores = []
-        for start in range(0, len(images), chunk):
-            im, cap = images[start:start + chunk].to(device), captions[start:start + chunk].to(device)
-            scores.append(self.module.match_logits(self.visual[im], self.input_ids[cap],
-                                                   self.attention_mask[cap]))
-        return torch.cat(scores).view(candidate_index.shape).to(candidate_index.device)
+        return score_candidate_pairs(
+            direction, query_index, candidate_index,
+            lambda images, captions: self.module.match_logits(
+                self.visual[images], self.input_ids[captions], self.attention_mask[captions]),
+            self.module.settings.rerank_batch_size, self.visual.device,
+        )
 
 
 class StepIndexedBatches:
