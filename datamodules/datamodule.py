@@ -171,6 +171,7 @@ class CCRDataModule(L.LightningDataModule):
         self._info: DataInfo | None = None
         self._labels: dict[str, int] = {}
         self._parallel: ParallelText | None = None
+        self._token_counts: dict[str, int] = {}  # sentence -> tokens, for token-counted batches
 
     # ---- where the data is --------------------------------------------------------------------
     @property
@@ -443,7 +444,14 @@ class CCRDataModule(L.LightningDataModule):
         max_length = self.info.max_length
 
         def count_tokens(sentences: list[str]) -> list[int]:
-            return self.tokenizer(sentences, max_length)["attention_mask"].sum(1).tolist()
+            """Token counts, each distinct sentence tokenised once per datamodule: every direction
+            shares its English side, and every stage (and the pre-run check) asks again."""
+            known = self._token_counts
+            new = list(dict.fromkeys(s for s in sentences if s not in known))
+            for start in range(0, len(new), 8192):
+                chunk = new[start : start + 8192]
+                known.update(zip(chunk, self.tokenizer(chunk, max_length)["attention_mask"].sum(1).tolist()))
+            return [known[s] for s in sentences]
 
         dataset = parallel_batches(
             texts, batch_size=int(self.cfg.batch_size), seed=self.seed, beta=beta,

@@ -107,6 +107,22 @@ def test_cache_hit_skips_the_build_and_a_new_recipe_rebuilds(dm, monkeypatch, tm
         dict(changed.info.backbones)
 
 
+def test_cache_hit_after_the_tokenizer_has_been_used(dm, monkeypatch):
+    """Tokenising sets padding and truncation on the tokenizer; the cache key must not see that
+    (a run that tokenised captions before resolving ``world`` once rebuilt everything)."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backbones were rebuilt")
+
+    again = CCRDataModule(dm.cfg)
+    again.prepare_data()
+    again.setup("fit")
+    again.tokenizer(["a red circle", "ein roter Kreis"], 16)
+    again.tokenizer(["a red circle"], 24)
+    monkeypatch.setattr(backbones, "pretrain_text", refuse)
+    monkeypatch.setattr(backbones, "pretrain_image", refuse)
+    assert dict(again.info.backbones) == dict(dm.info.backbones)
+
+
 def test_world_name_is_an_error_on_data_without_backbones():
     info = SimpleNamespace(vocab_size=40, pad_token_id=0, max_length=8, image_size=32, backbones={})
     with pytest.raises(ValueError, match="text encoder 'world'.*name a real model.*hf:"):

@@ -1,7 +1,7 @@
 """The CCRk module: one training step on an interfaces.md batch, gradient flow, Eq. 6 as a plain sum,
 CMLM on MITM's hard positive, τ bounds, the ablation switches and the ITM reranker (spec §10)."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
@@ -11,6 +11,7 @@ from omegaconf import OmegaConf
 import methods
 import methods.ccrk as ccrk_module
 from methods.ccrk import CCRk
+from worlds import RANDOM_BACKBONES
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "ccrk.yaml"
 B, K, L, VOCAB, IMAGE = 8, 3, 16, 120, 32
@@ -31,6 +32,7 @@ class Info:
     max_length: int = L
     image_size: int = IMAGE
     num_objects: int = 0
+    backbones: dict = field(default_factory=lambda: RANDOM_BACKBONES)
 
 
 def method_config(**overrides):

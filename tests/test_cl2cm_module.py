@@ -3,7 +3,7 @@ trains, the teacher isolated from L_ckt's gradient, the baseline = plain InfoNCE
 switch acting, inference through the CM network only, padding and batch-order invariance, and the
 paper preset's architecture built from tiny local models."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import pytest
 import torch
@@ -14,6 +14,7 @@ import methods.cl2cm as cl2cm_module
 from experiments.config import compose
 from methods.cl2cm import CL2CM
 from methods.layers.contrastive import info_nce
+from worlds import random_backbones
 
 B, L, VOCAB, IMAGE = 6, 14, 90, 32
 ABLATIONS = ["full", "cm_only", "cl_inst", "cl_multi", "ckt_sent", "ckt_word", "word_ckt_word",
@@ -31,11 +32,11 @@ class Info:
     max_length: int = L + 10
     image_size: int = IMAGE
     num_objects: int = 0
+    backbones: dict = field(default_factory=lambda: random_backbones(width=32))
 
 
 def config(*overrides):
-    return compose(["method=cl2cm", "method.text_encoder.width=32", "method.image_encoder.width=32",
-                    "method.embed_dim=16", *overrides])
+    return compose(["method=cl2cm", "method.embed_dim=16", *overrides])
 
 
 def build(*overrides, seed=0):

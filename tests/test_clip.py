@@ -10,6 +10,7 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
 from methods.clip import CLIPModule, sample_one_language
+from worlds import RANDOM_BACKBONES
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 INFO = SimpleNamespace(
@@ -22,6 +23,7 @@ INFO = SimpleNamespace(
     max_length=8,
     image_size=16,
     num_objects=0,
+    backbones=RANDOM_BACKBONES,
 )
 
 

@@ -2,13 +2,14 @@
 switches, and what reaches each loss. The tiny setup here (spec §2.3 sizes, dropout 0, fp32) is
 shared by the other covlr tests."""
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
 
 from methods.covlr import CoVLR
+from worlds import RANDOM_BACKBONES
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "covlr.yaml"
 B, K, L, VOCAB, IMAGE, CLASSES = 8, 3, 16, 120, 32, 10
@@ -28,6 +29,7 @@ class Info:
     max_length: int = L
     image_size: int = IMAGE
     num_objects: int = CLASSES
+    backbones: dict = field(default_factory=lambda: RANDOM_BACKBONES)
 
 
 def method_config(**overrides):

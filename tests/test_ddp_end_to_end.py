@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 import methods
+from worlds import QUICK_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = [
+    *QUICK_BACKBONES,
     "data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=15",
     "data.synthetic.num_pretrain=48",
     "data.synthetic.coverage.ja=0.03", "data.batch_size=8", "data.eval_batch_size=6",

@@ -24,8 +24,10 @@ from demo.index import RetrievalIndex, language_rank_blocks, load_index
 from experiments.config import ConfigError, compose
 from experiments.train import train
 from metrics import functional, retrieval_report
+from worlds import QUICK_BACKBONES
 
 TINY_WORLD = [
+    *QUICK_BACKBONES,
     "data.synthetic.num_train=32", "data.synthetic.num_val=8", "data.synthetic.num_test=12",
     "data.batch_size=8", "data.eval_batch_size=8", "data.tokenizer.vocab_size=300",
     "data.languages=[en,de,ja]",

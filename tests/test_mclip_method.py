@@ -12,10 +12,12 @@ from datamodules.datamodule import DataInfo
 from methods.layers.contrastive import info_nce
 from methods.mclip import MCLIP, selected_stages
 from methods.layers.translation import inverse_sqrt_factor
+from worlds import random_backbones
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 DATA = DataInfo(languages=["en", "xx"], vocab_size=40, pad_token_id=0, cls_token_id=1, eos_token_id=2,
                 mask_token_id=3, max_length=10, image_size=32, num_objects=0)
+DATA.backbones = random_backbones(hf_text_for=DATA)
 BASE = OmegaConf.load(CONFIGS / "base.yaml")
 
 

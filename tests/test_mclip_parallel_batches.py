@@ -11,6 +11,7 @@ from datamodules.parallel_batches import (
     smoothed_pair_probabilities,
     token_batches,
 )
+from worlds import QUICK_BACKBONES
 
 # MT6 training pairs (millions), spec §3; each is used in both directions
 MT6 = {"cs": 8.1, "de": 41.0, "es": 20.0, "ja": 8.6, "ru": 20.0, "zh": 22.6}
@@ -103,6 +104,7 @@ def test_the_datamodule_serves_token_counted_smoothed_batches(tmp_path):
     from experiments.train import build_datamodule
 
     cfg = compose(["method=mclip", f"data.root={tmp_path}", "data.synthetic.num_train=48",
+                   *QUICK_BACKBONES,
                    "data.synthetic.num_val=4", "data.synthetic.num_test=4", "data.batch_size=8",
                    "data.synthetic.num_pretrain=48", "data.num_workers=0",
                    "data.tokenizer.vocab_size=400", "data.languages=[en,de,ja]"])
@@ -115,3 +117,27 @@ def test_the_datamodule_serves_token_counted_smoothed_batches(tmp_path):
         longest = max(batch["src_attention_mask"].sum(1).max(), batch["tgt_attention_mask"].sum(1).max())
         assert len(batch["src_input_ids"]) * int(longest) <= 200
         assert "en" in (batch["src_language"], batch["tgt_language"])
+
+
+def test_each_sentence_is_tokenised_once_however_often_the_loader_is_built(tmp_path, monkeypatch):
+    """Token counting tokenised the whole corpus once per direction and again for every stage
+    (the English side five times over on the default world): minutes before Stage 1 began."""
+    from experiments.config import compose
+    from experiments.train import build_datamodule
+
+    cfg = compose(["method=mclip", f"data.root={tmp_path}", *QUICK_BACKBONES,
+                   "data.synthetic.num_train=16", "data.synthetic.num_val=4", "data.synthetic.num_test=4",
+                   "data.synthetic.num_pretrain=40", "data.batch_size=8", "data.num_workers=0",
+                   "data.tokenizer.vocab_size=300", "data.languages=[en,de,ja]"])
+    dm = build_datamodule(cfg, roles=("train",))
+    first = [(b["src_language"], b["src_input_ids"].tolist()) for b in dm.parallel_dataloader(beta=0.2, max_tokens=200)]
+    tokenise, seen = dm.tokenizer.__class__.__call__, []
+
+    def counting(self, texts, max_length):
+        seen.extend(texts)
+        return tokenise(self, texts, max_length)
+
+    monkeypatch.setattr(dm.tokenizer.__class__, "__call__", counting)
+    loader = dm.parallel_dataloader(beta=0.2, max_tokens=200)
+    assert seen == []  # every count known from the first build
+    assert [(b["src_language"], b["src_input_ids"].tolist()) for b in loader] == first

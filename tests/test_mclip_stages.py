@@ -2,6 +2,9 @@
 resume where they stopped, the pipeline handing trained weights from stage to stage, and the
 paper-size configuration built at tiny width."""
 
+import copy
+from dataclasses import replace
+
 import lightning as L
 import pytest
 import torch
@@ -90,13 +93,14 @@ def fit(module, batches, max_steps, ckpt_path=None, save_to=None):
 @pytest.mark.parametrize("stage", ["mte_ctl", "trikd"])
 def test_a_stage_resumed_from_its_checkpoint_continues_where_it_stopped(stage, tmp_path):
     quiet = {"translation.dropout": 0.0, "trikd.dropout": 0.0, "trikd.attn_dropout": 0.0,
-             "mte.config.hidden_dropout_prob": 0.0, "mte.config.attention_probs_dropout_prob": 0.0,
              "trikd.warmup_steps": 2, "translation.ctl.decay_from_step": 1}
+    data = replace(DATA, backbones=copy.deepcopy(DATA.backbones))  # the MTE (world's text) without dropout
+    data.backbones["text"]["config"].update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     if stage == "trikd":
-        build = lambda: MCLIP(method_config(**quiet), BASE.optim, DATA, BASE.evaluation)
+        build = lambda: MCLIP(method_config(**quiet), BASE.optim, data, BASE.evaluation)
         batches = [image_batch(seed=1)]
     else:
-        build = lambda: build_mte_stage(method_config(**quiet), BASE.optim, DATA, BASE.evaluation, True)
+        build = lambda: build_mte_stage(method_config(**quiet), BASE.optim, data, BASE.evaluation, True)
         batches = [parallel_batch(seed=1)]
     # one batch per epoch: Lightning restarts a plain loader's epoch on resume, so only then is the
     # data order of the resumed run the same as the uninterrupted one

@@ -18,9 +18,10 @@ from experiments.report.__main__ import build_report, main as report_main
 from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
 from experiments.train import train
 from external_models import save_tiny_hf_clip, save_tiny_open_clip
+from worlds import QUICK_BACKBONES
 
 LANGUAGES = ["en", "de", "ja"]
-TINY_WORLD = ["data.synthetic.num_train=32", "data.synthetic.num_val=8", "data.synthetic.num_test=16",
+TINY_WORLD = [*QUICK_BACKBONES, "data.synthetic.num_train=32", "data.synthetic.num_val=8", "data.synthetic.num_test=16",
               "data.eval_batch_size=16", "data.batch_size=8", "data.tokenizer.vocab_size=300",
               f"data.languages=[{','.join(LANGUAGES)}]", "data.num_workers=0"]
 TOP = 5

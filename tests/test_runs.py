@@ -14,9 +14,10 @@ from experiments.config import ConfigError, compose
 from experiments.evaluate import evaluate
 from experiments.runs import claim_run_dir, save_config, write_atomic, write_metrics
 from experiments.train import train
+from worlds import QUICK_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = ["data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=16",
+TINY = [*QUICK_BACKBONES, "data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=16",
         "data.batch_size=8", "data.eval_batch_size=16", "data.tokenizer.vocab_size=400",
         "data.languages=[en,de,ja]", "trainer.progress_refresh_rate=0", "trainer.max_steps=3"]
 

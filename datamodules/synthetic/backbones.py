@@ -89,9 +89,14 @@ class LazyBackbones(Mapping):
 
 
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
-    """Identity of the tokenizer the text backbone's vocabulary follows."""
+    """Identity of the tokenizer the text backbone's vocabulary follows: its serialised form
+    without the padding and truncation settings, which tokenising a batch changes in place."""
     raw = getattr(tokenizer, "raw", None)
-    text = raw.to_str() if raw is not None else str(getattr(tokenizer, "hf").name_or_path)
+    if raw is None:
+        text = str(getattr(tokenizer, "hf").name_or_path)
+    else:
+        state = {k: v for k, v in json.loads(raw.to_str()).items() if k not in ("padding", "truncation")}
+        text = json.dumps(state, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 

@@ -19,6 +19,7 @@ Both expose ``out_dim`` (= D).
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -109,7 +110,7 @@ def resolve_world(cfg: Mapping[str, Any], data: Any, modality: str) -> dict[str,
             f"name a real model instead, e.g. {example}"
         )
     extra = {k: v for k, v in cfg.items() if k not in ("name", "pretrained")}
-    return {**extra, **provided[modality]}
+    return {**extra, **copy.deepcopy(dict(provided[modality]))}  # callers may edit theirs
 
 
 def _split_name(name: str) -> tuple[str, str]:
