@@ -378,7 +378,8 @@ class RC3(RetrievalModule):
         return self.net.visual.patches(images)
 
     def encode_images(self, images: Tensor) -> Tensor:
-        return self.probe_image(self.image_only_features(self.eval_visual(images)))
+        return in_fixed_shape(lambda x: self.probe_image(self.image_only_features(self.eval_visual(x))),
+                              images)
 
     def caption_languages(self, index: Tensor) -> list[str]:
         view = self.trainer.datamodule.eval_view(self._eval_split)
@@ -394,9 +395,13 @@ class RC3(RetrievalModule):
         return tagged
 
     def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        input_ids, attention_mask = trim_padding(input_ids, attention_mask)
+        """First-stage caption embeddings, every caption padded to ``data.max_length`` and encoded
+        in calls of one fixed shape (``in_fixed_shape``)."""
+        input_ids, attention_mask = pad_to(input_ids, attention_mask, self.data_info.max_length,
+                                           self.data_info.pad_token_id)
         tagged = self.tagged_captions(input_ids, attention_mask)
-        return self.probe_text(self.net.encode(tagged, attention_mask).pooled)
+        return in_fixed_shape(lambda ids, mask: self.probe_text(self.net.encode(ids, mask).pooled),
+                              tagged, attention_mask)
 
     def image_cache(self, images: Tensor) -> Tensor:
         return self.eval_visual(images)
@@ -418,6 +423,33 @@ class RC3(RetrievalModule):
         self._current_index = batch["index"]
 
     on_test_batch_start = on_validation_batch_start
+
+
+EVAL_ROWS = 8  # rows of every first-stage encoder call in evaluation
+
+
+def in_fixed_shape(encode, *inputs: Tensor, rows: int = EVAL_ROWS) -> Tensor:
+    """``encode(*inputs)`` computed in calls of exactly ``rows`` rows (a short last call is filled
+    up with copies of its first row, whose outputs are dropped). CPU kernels round differently for
+    different shapes (1e-7 here); on near-tied first-stage scores that reordered rankings between
+    a DDP run and a one-process re-scoring. One shape gives each row the same bits in any batch."""
+    outputs = []
+    for start in range(0, len(inputs[0]), rows):
+        part = [x[start:start + rows] for x in inputs]
+        n = len(part[0])
+        fill = torch.zeros(rows - n, dtype=torch.long, device=part[0].device)
+        outputs.append(encode(*(torch.cat([x, x[fill]]) for x in part))[:n])
+    return torch.cat(outputs)
+
+
+def pad_to(input_ids: Tensor, attention_mask: Tensor, length: int, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Captions right-padded (or trimmed of all-padding columns) to exactly ``length`` columns."""
+    input_ids, attention_mask = trim_padding(input_ids, attention_mask)
+    extra = length - input_ids.shape[1]
+    if extra < 0:
+        raise ValueError(f"rc3: a caption has {input_ids.shape[1]} tokens, more than "
+                         f"data.max_length={length}")
+    return F.pad(input_ids, (0, extra), value=pad_id), F.pad(attention_mask, (0, extra), value=0)
 
 
 class MatchingScorer:
