@@ -33,7 +33,7 @@ from torch import Tensor, nn
 from metrics.reranking import score_candidate_pairs
 from methods.layers.base import RetrievalModule
 from methods.layers.contrastive import info_nce
-from methods.layers.distributed import row_layout
+from methods.layers.distributed import RowLayout, row_layout
 from methods.layers.euclidean_contrastive import (
     ContrastiveTerm,
     PosProbTracker,
@@ -80,11 +80,14 @@ def mask_content(input_ids: Tensor, attention_mask: Tensor, mask_token_id: int,
 
 class Triplets:
     """Rows of one source (strict or weak) with an ordered language pair (l_i, l_j): images,
-    captions x^i / x^j trimmed to a common length, and their languages. Even row count."""
+    captions x^i / x^j trimmed to a common length, and their languages. Even row count.
+
+    ``real`` is the number of leading rows that are data: all of them, or 0 for a ``placeholder``."""
 
     def __init__(self, batch: dict, rows: Tensor, pair: tuple[int, int]):
         languages = batch["languages"]
         (ki, kj), self.rows = pair, rows
+        self.real = len(rows)
         self.lang_i, self.lang_j = languages[ki], languages[kj]
         self.images = batch["images"][rows]
         ids = torch.cat([batch["input_ids"][rows, ki], batch["input_ids"][rows, kj]])
@@ -96,6 +99,29 @@ class Triplets:
 
     def __len__(self) -> int:
         return len(self.rows)
+
+    @classmethod
+    def placeholder(cls, batch: dict, bos_id: int, eos_id: int) -> "Triplets":
+        """Two stand-in rows (blank images, captions ``<s> </s>``) with ``real == 0``. A process
+        without rows of a pool runs the pool's computation on them and keeps none of the outputs:
+        its autograd graph reaches the same parameters and runs the same collectives (forward and
+        backward) as a process with rows, so DDP neither stalls nor gains a contribution."""
+        k = len(batch["languages"])
+        ids = torch.tensor([bos_id, eos_id], device=batch["input_ids"].device).expand(2, k, 2)
+        stand_in = {"languages": batch["languages"], "input_ids": ids,
+                    "attention_mask": torch.ones_like(ids),
+                    "images": batch["images"].new_zeros(2, *batch["images"].shape[1:])}
+        if "roi_features" in batch:
+            stand_in["roi_features"] = batch["roi_features"].new_zeros(2, *batch["roi_features"].shape[1:])
+        triplets = cls(stand_in, torch.arange(2, device=ids.device), (0, 1))
+        triplets.real = 0
+        return triplets
+
+
+def global_share(values: Tensor, layout: RowLayout) -> Tensor:
+    """``layout.global_mean(values)``, or an exact zero that stays in the graph when no process
+    has a row (a mean over nothing)."""
+    return layout.global_mean(values) if layout.total else values.sum()
 
 
 def draw_triplet_rows(present: Tensor, candidates: Tensor,
@@ -177,27 +203,26 @@ class RC3(RetrievalModule):
         return self.net.encode(self.tag(ids, mask, language), mask).pooled
 
     def mclm_loss(self, visual: Tensor, t: Triplets) -> Tensor:
-        """MLM on the masked x^i given v, plus translation into x^j on the decoder (§3.1)."""
+        """MLM on the masked x^i given v, plus translation into x^j on the decoder (§3.1); each a
+        token mean over the global batch (a collective)."""
         masked, labels = mask_content(t.ids_i, t.mask_i, self.data_info.mask_token_id,
                                       self.specials(), self.settings.mask_probability)
+        labels[t.real:] = IGNORE_INDEX
         encoded = self.net.encode(self.tag(masked, t.mask_i, t.lang_i), t.mask_i, visual)
         text_states = encoded.states[:, 1 + visual.shape[1]:]
         chosen = labels != IGNORE_INDEX
         logits = self.mlm_head(text_states[chosen]).float()
-        mlm = F.cross_entropy(logits, labels[chosen], reduction="sum") / chosen.sum().clamp_min(1)
-        return mlm + self.net.translation_loss(encoded, t.ids_j, t.mask_j, t.lang_j)
+        mlm = F.cross_entropy(logits, labels[chosen], reduction="none")
+        nll, targets = self.net.translation_nll(encoded, t.ids_j, t.mask_j, t.lang_j)
+        translation = nll[: t.real][targets[: t.real]]
+        return (global_share(mlm, row_layout(len(mlm), mlm.device))
+                + global_share(translation, row_layout(len(translation), mlm.device)))
 
-    def contrastive_source(self, t: Triplets | None, visual: Tensor | None, alpha: float,
-                           regularise: bool) -> tuple[ContrastiveTerm, tuple[Tensor, ...] | None]:
-        """R-XVtCL on one source (a collective: every process calls it, rows or not). Returns the
-        term and the fused (anchor, positive, C1, C2) for ITM reuse."""
-        n = 0 if t is None else len(t)
-        device = self.itm_head.weight.device
-        layout = row_layout(n, device)
-        if n == 0:
-            zero = self.itm_head.weight.sum() * 0.0
-            return ContrastiveTerm(zero, zero.new_zeros(0).detach(), None), None
-        perm = involution_pairs(n, device=device)
+    def contrastive_source(self, t: Triplets, visual: Tensor, alpha: float, layout: RowLayout,
+                           regularise: bool) -> tuple[ContrastiveTerm, tuple[Tensor, ...]]:
+        """R-XVtCL on one source (``layout``: every process's real row count). Returns the term
+        and the fused (anchor, positive, C1, C2, perm) for ITM reuse."""
+        perm = involution_pairs(len(t), device=visual.device)
         fused = self.fused_quadruple(visual, t, perm)
         d_tr = None
         if regularise:
@@ -205,22 +230,28 @@ class RC3(RetrievalModule):
                 d_tr = textual_distances(self.text_representation(t.ids_i, t.mask_i, t.lang_i),
                                          self.text_representation(t.ids_j, t.mask_j, t.lang_j), perm)
         loss_vec, raw, kl = rxvtcl_vectors(*fused, perm, alpha, d_tr=d_tr)
-        return ContrastiveTerm(layout.global_mean(loss_vec), raw,
-                               None if kl is None else kl.mean().detach()), (*fused, perm)
+        n = t.real
+        kl = kl[:n].mean().detach() if kl is not None and n else None
+        return ContrastiveTerm(global_share(loss_vec[:n], layout), raw[:n], kl), (*fused, perm)
 
     def itm_loss(self, anchor: Tensor, c1: Tensor) -> Tensor:
-        """BCE of the ITM head: (v, x^i) matches, (v, partner's x^i) does not (§3.2)."""
+        """BCE of the ITM head: (v, x^i) matches, (v, partner's x^i) does not (§3.2); the mean
+        over the global batch's pairs (a collective)."""
         logits = self.itm_head(torch.cat([anchor, c1])).squeeze(1).float()
         labels = torch.cat([torch.ones_like(logits[: len(anchor)]), torch.zeros_like(logits[len(anchor):])])
-        return F.binary_cross_entropy_with_logits(logits, labels)
+        bce = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
+        return global_share(bce, row_layout(len(bce), bce.device))
 
-    def probe_loss(self, t: Triplets, visual: Tensor) -> Tensor:
-        """InfoNCE of the first-stage probe heads on detached features (no gradient to the net)."""
+    def probe_loss(self, t: Triplets, visual: Tensor, layout: RowLayout) -> Tensor:
+        """InfoNCE of the first-stage probe heads on detached features (no gradient to the net),
+        negatives from the global batch (a collective when any process has rows)."""
         with torch.no_grad():
-            image = self.image_only_features(visual)
-            text = self.text_representation(t.ids_i, t.mask_i, t.lang_i)
-        return info_nce(self.probe_image(image), self.probe_text(text),
-                        self.settings.first_stage.temperature)
+            image = self.image_only_features(visual)[: t.real]
+            text = self.text_representation(t.ids_i, t.mask_i, t.lang_i)[: t.real]
+        image, text = self.probe_image(image), self.probe_text(text)
+        if not layout.total:
+            return image.sum() + text.sum()  # an exact zero on every process
+        return info_nce(image, text, self.settings.first_stage.temperature)
 
     def image_only_features(self, visual: Tensor) -> Tensor:
         """Mean final state over the visual positions of ``[CLS] visual`` (no text)."""
@@ -228,53 +259,82 @@ class RC3(RetrievalModule):
         states = self.net.encode(empty, empty.bool(), visual).states
         return states[:, 1:].mean(1)
 
-    def xtcl_term(self, batch: dict | None) -> ContrastiveTerm:
-        """XTCL on the first ``anchors_per_task`` pairs of one parallel-text batch (§3.3)."""
+    def xtcl_term(self, batch: dict) -> ContrastiveTerm:
+        """XTCL on the first ``anchors_per_task`` pairs of one parallel-text batch (§3.3). A
+        process without pairs encodes two ``<s> </s>`` stand-ins and keeps none (see
+        ``Triplets.placeholder``): the gathers and their backward run everywhere."""
         alpha = self.settings.zeta * self.xtcl_tracker.p_avg()
-        n = self.settings.anchors_per_task
-        src_ids, src_mask = trim_padding(batch["src_input_ids"][:n], batch["src_attention_mask"][:n])
-        tgt_ids, tgt_mask = trim_padding(batch["tgt_input_ids"][:n], batch["tgt_attention_mask"][:n])
-        return xtcl_loss(self.text_representation(src_ids, src_mask, batch["src_language"]),
-                         self.text_representation(tgt_ids, tgt_mask, batch["tgt_language"]), alpha)
+        n = min(self.settings.anchors_per_task, len(batch["src_input_ids"]))
+        sides = []
+        for side in ("src", "tgt"):
+            ids, mask = batch[f"{side}_input_ids"][:n], batch[f"{side}_attention_mask"][:n]
+            if n == 0:
+                ids = ids.new_tensor([self.data_info.cls_token_id, self.data_info.eos_token_id]).expand(2, 2)
+                mask = torch.ones_like(ids)
+            ids, mask = trim_padding(ids, mask)
+            sides.append(self.text_representation(ids, mask, batch[f"{side}_language"])[:n])
+        return xtcl_loss(*sides, alpha)
+
+    def pool(self, batch: dict, candidates: Tensor) -> Triplets:
+        """This process's triplets among ``candidates`` rows (one drawn language pair), or the
+        placeholder when it has none."""
+        drawn = draw_triplet_rows(batch["present"].bool(), candidates, self.settings.anchors_per_task)
+        if drawn is None:
+            return Triplets.placeholder(batch, self.data_info.cls_token_id, self.data_info.eos_token_id)
+        return Triplets(batch, *drawn)
 
     def losses(self, batch: dict, parallel: dict | None = None) -> dict[str, Tensor]:
         """Every enabled objective of one step (keys as logged under ``loss/``); updates the
-        trackers after the losses are built. ``kl`` (mean over weak anchors) is a diagnostic that
-        is already inside ``rxvtcl``."""
+        trackers after the losses are built. ``kl`` (mean over this process's weak anchors) is a
+        diagnostic that is already inside ``rxvtcl``.
+
+        Every process runs the same computations and collectives in the same order whatever its
+        rows: a pool it lacks runs on ``Triplets.placeholder``; the weak pool is skipped only when
+        no process has weak rows. Each loss is this process's share of the global-batch mean."""
         cfg = self.settings
-        present = batch["present"].bool()
         weak = batch.get("alignment_weak")
-        weak = torch.zeros_like(present[:, 0]) if weak is None else weak.bool()
-        strict_draw = draw_triplet_rows(present, ~weak, cfg.anchors_per_task)
-        strict = Triplets(batch, *strict_draw) if strict_draw else None
-        losses: dict[str, Tensor] = {}
+        weak = torch.zeros(len(batch["images"]), dtype=torch.bool) if weak is None else weak.bool()
+        weak = weak.to(batch["present"].device)
+        strict = self.pool(batch, ~weak)
+        device = self.itm_head.weight.device
+        strict_layout = row_layout(strict.real, device)
         alpha = cfg.zeta * self.vt_tracker.p_avg()
-        strict_visual = self.strict_visual(strict) if strict else None
-        term_s, fused = self.contrastive_source(strict, strict_visual, alpha, regularise=False)
+        strict_visual = self.strict_visual(strict)
+        term_s, fused = self.contrastive_source(strict, strict_visual, alpha, strict_layout,
+                                                regularise=False)
+        n = strict.real
+        losses = {"mclm": self.mclm_loss(strict_visual, strict),
+                  "itm": self.itm_loss(fused[0][:n], fused[2][:n]),
+                  "probe": self.probe_loss(strict, strict_visual, strict_layout)}
         raws = [term_s.raw]
-        if strict is not None:
-            losses["mclm"] = self.mclm_loss(strict_visual, strict)
-            losses["itm"] = self.itm_loss(fused[0], fused[2])
-            losses["probe"] = self.probe_loss(strict, strict_visual)
         if cfg.use_rxvtcl:
             rxvtcl = term_s.loss
             if cfg.use_weak:
-                weak_draw = draw_triplet_rows(present, weak, cfg.anchors_per_task) if bool(weak.any()) else None
-                weak_t = Triplets(batch, *weak_draw) if weak_draw else None
-                weak_visual = self.net.visual.patches(weak_t.images) if weak_t else None
-                term_w, _ = self.contrastive_source(weak_t, weak_visual, alpha, regularise=cfg.use_kl)
-                rxvtcl = rxvtcl + term_w.loss
-                raws.append(term_w.raw)
-                if term_w.kl is not None:
-                    losses["kl"] = term_w.kl
+                weak_t = self.pool(batch, weak)
+                weak_layout = row_layout(weak_t.real, device)
+                if weak_layout.total:
+                    term_w, _ = self.contrastive_source(weak_t, self.net.visual.patches(weak_t.images),
+                                                        alpha, weak_layout, regularise=cfg.use_kl)
+                    rxvtcl = rxvtcl + term_w.loss
+                    raws.append(term_w.raw)
+                    if term_w.kl is not None:
+                        losses["kl"] = term_w.kl
             losses["rxvtcl"] = rxvtcl
-            self.vt_tracker.update(global_mean_scalar(torch.cat(raws)))
+            self.update_tracker(self.vt_tracker, torch.cat(raws))
         if cfg.use_xtcl:
             parallel = parallel if parallel is not None else self.next_parallel_batch()
             term_t = self.xtcl_term(parallel)
             losses["xtcl"] = term_t.loss
-            self.xtcl_tracker.update(global_mean_scalar(term_t.raw))
+            self.update_tracker(self.xtcl_tracker, term_t.raw)
         return losses
+
+    @staticmethod
+    def update_tracker(tracker: PosProbTracker, raw: Tensor) -> None:
+        """Record the global-batch mean raw loss of a step (a collective); a step in which no
+        process had an anchor records nothing."""
+        mean = global_mean_scalar(raw)
+        if mean is not None:
+            tracker.update(mean)
 
     def total_loss(self, losses: dict[str, Tensor]) -> Tensor:
         """Unit-weight sum of the objectives (§3.5) and the probe's own loss (its gradient reaches
@@ -318,7 +378,8 @@ class RC3(RetrievalModule):
         return self.net.visual.patches(images)
 
     def encode_images(self, images: Tensor) -> Tensor:
-        return self.probe_image(self.image_only_features(self.eval_visual(images)))
+        return in_fixed_shape(lambda x: self.probe_image(self.image_only_features(self.eval_visual(x))),
+                              images)
 
     def caption_languages(self, index: Tensor) -> list[str]:
         view = self.trainer.datamodule.eval_view(self._eval_split)
@@ -334,9 +395,13 @@ class RC3(RetrievalModule):
         return tagged
 
     def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        input_ids, attention_mask = trim_padding(input_ids, attention_mask)
+        """First-stage caption embeddings, every caption padded to ``data.max_length`` and encoded
+        in calls of one fixed shape (``in_fixed_shape``)."""
+        input_ids, attention_mask = pad_to(input_ids, attention_mask, self.data_info.max_length,
+                                           self.data_info.pad_token_id)
         tagged = self.tagged_captions(input_ids, attention_mask)
-        return self.probe_text(self.net.encode(tagged, attention_mask).pooled)
+        return in_fixed_shape(lambda ids, mask: self.probe_text(self.net.encode(ids, mask).pooled),
+                              tagged, attention_mask)
 
     def image_cache(self, images: Tensor) -> Tensor:
         return self.eval_visual(images)
@@ -358,6 +423,33 @@ class RC3(RetrievalModule):
         self._current_index = batch["index"]
 
     on_test_batch_start = on_validation_batch_start
+
+
+EVAL_ROWS = 8  # rows of every first-stage encoder call in evaluation
+
+
+def in_fixed_shape(encode, *inputs: Tensor, rows: int = EVAL_ROWS) -> Tensor:
+    """``encode(*inputs)`` computed in calls of exactly ``rows`` rows (a short last call is filled
+    up with copies of its first row, whose outputs are dropped). CPU kernels round differently for
+    different shapes (1e-7 here); on near-tied first-stage scores that reordered rankings between
+    a DDP run and a one-process re-scoring. One shape gives each row the same bits in any batch."""
+    outputs = []
+    for start in range(0, len(inputs[0]), rows):
+        part = [x[start:start + rows] for x in inputs]
+        n = len(part[0])
+        fill = torch.zeros(rows - n, dtype=torch.long, device=part[0].device)
+        outputs.append(encode(*(torch.cat([x, x[fill]]) for x in part))[:n])
+    return torch.cat(outputs)
+
+
+def pad_to(input_ids: Tensor, attention_mask: Tensor, length: int, pad_id: int) -> tuple[Tensor, Tensor]:
+    """Captions right-padded (or trimmed of all-padding columns) to exactly ``length`` columns."""
+    input_ids, attention_mask = trim_padding(input_ids, attention_mask)
+    extra = length - input_ids.shape[1]
+    if extra < 0:
+        raise ValueError(f"rc3: a caption has {input_ids.shape[1]} tokens, more than "
+                         f"data.max_length={length}")
+    return F.pad(input_ids, (0, extra), value=pad_id), F.pad(attention_mask, (0, extra), value=0)
 
 
 class MatchingScorer:

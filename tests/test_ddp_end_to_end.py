@@ -44,13 +44,8 @@ def cli(module, *args, timeout=420):
     assert done.returncode == 0, f"{module} failed:\n{done.stderr[-3000:]}"
 
 
-RC3_T2T_DRIFT = pytest.mark.xfail(strict=True, reason="issue 16: rc3's t2t NDCG@10 differs in the "
-                                  "5th digit between the DDP run and a one-process re-scoring")
-
-
 @pytest.mark.slow
-@pytest.mark.parametrize("method", [pytest.param(name, marks=RC3_T2T_DRIFT) if name == "rc3"
-                                    else name for name in methods.names()])
+@pytest.mark.parametrize("method", methods.names())
 def test_ddp_training_scores_equal_a_one_process_rescoring(method, tmp_path_factory):
     runs = tmp_path_factory.mktemp("ddp_runs")
     world = tmp_path_factory.getbasetemp() / "ddp_world"

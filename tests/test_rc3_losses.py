@@ -176,6 +176,22 @@ def test_pairwise_distance_matches_direct_and_is_finite_at_zero():  # §9.15 eps
     assert torch.isfinite(x.grad).all()
 
 
+def test_pairwise_distance_is_exact_for_close_points_of_large_norm():
+    """LayerNorm'd TRs: norms near √d, a few hundredths apart. The |a|²+|b|²-2a·b expansion
+    was wrong by ~4e-3 here (and the self-distance 3e-3 instead of 0)."""
+    g = torch.Generator().manual_seed(0)
+    centre = torch.randn(32, generator=g)
+    centre = centre / centre.norm() * 32 ** 0.5
+    a = centre + 0.01 * torch.randn(8, 32, generator=g)
+    b = torch.cat([a, centre + 0.01 * torch.randn(8, 32, generator=g)])
+    exact = (a[:, None].double() - b[None].double()).pow(2).sum(-1).sqrt()
+    got = pairwise_euclidean(a, b)
+    assert (got.double() - exact).abs().max() < 1e-5
+    a = a.clone().requires_grad_()
+    pairwise_euclidean(a, a.detach().clone()).sum().backward()  # zero distances: finite gradient
+    assert torch.isfinite(a.grad).all()
+
+
 def test_lambda_carries_no_gradient():  # §9.11 (λ part)
     d_pos = torch.tensor([1.0], requires_grad=True)
     d_neg = torch.tensor([[4.0, 0.5]], requires_grad=True)

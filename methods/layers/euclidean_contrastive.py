@@ -31,10 +31,14 @@ def euclidean(a: Tensor, b: Tensor) -> Tensor:
 
 
 def pairwise_euclidean(a: Tensor, b: Tensor) -> Tensor:
-    """All distances ``[N, M]`` between rows of ``a [N,D]`` and ``b [M,D]`` (finite gradient at 0)."""
-    a, b = a.float(), b.float()
-    squared = a.pow(2).sum(1, keepdim=True) + b.pow(2).sum(1)[None] - 2.0 * a @ b.t()
-    return squared.clamp_min(0.0).add(EPS).sqrt()
+    """All distances ``[N, M]`` between rows of ``a [N,D]`` and ``b [M,D]`` (finite gradient at 0).
+
+    From coordinate differences, not ``|a|² + |b|² - 2a·b``: the TRs of a LayerNorm'd encoder
+    have norms near √d but lie close together, and that expansion cancels catastrophically (at
+    d = 32: distances near 0.05 wrong by up to 0.004, in a way that depends on the matmul's shape,
+    so two processes and one disagreed)."""
+    distances = torch.cdist(a.float(), b.float(), compute_mode="donot_use_mm_for_euclid_dist")
+    return distances.pow(2).add(EPS).sqrt()
 
 
 def interpolation_weights(d_pos: Tensor, d_neg: Tensor, alpha: float) -> Tensor:
@@ -88,14 +92,14 @@ class PosProbTracker(nn.Module):
         self.count += 1
 
 
-def global_mean_scalar(values: Tensor) -> Tensor:
-    """The mean of ``values`` over every process's rows, detached, the same on every process."""
+def global_mean_scalar(values: Tensor) -> Tensor | None:
+    """The mean of ``values`` over every process's rows, detached, the same on every process (a
+    collective); None when no process has a row."""
     values = values.detach().float()
-    if world_size() == 1:
-        return values.mean()
     total = torch.stack([values.sum(), values.new_tensor(float(values.numel()))])
-    dist.all_reduce(total)
-    return total[0] / total[1]
+    if world_size() > 1:
+        dist.all_reduce(total)
+    return total[0] / total[1] if total[1] else None
 
 
 def involution_pairs(n: int, generator: torch.Generator | None = None, device=None) -> Tensor:

@@ -174,16 +174,19 @@ class SingleStreamSeq2Seq(nn.Module):
         """mBART's tied LM head: shared embedding matrix + ``final_logits_bias``."""
         return F.linear(states, self.model.shared.weight) + self.final_logits_bias
 
-    def translation_loss(self, encoded: Encoded, target_ids: Tensor, target_mask: Tensor,
-                         language: str) -> Tensor:
-        """Token-mean NLL of ``y_1..y_m [EOS]`` given ``[LAN_y] y_1..y_m`` and the encoder states."""
+    def translation_nll(self, encoded: Encoded, target_ids: Tensor, target_mask: Tensor,
+                        language: str) -> tuple[Tensor, Tensor]:
+        """Per-token NLL ``[N, T]`` of ``y_1..y_m [EOS]`` given ``[LAN_y] y_1..y_m`` and the encoder
+        states, and the mask ``[N, T]`` of the real target tokens (the caller takes the token mean,
+        over the global batch under DDP)."""
         decoder_in = target_ids.clone()
         decoder_in[:, 0] = self.tag_ids[language]
         decoder_in, decoder_mask = decoder_in[:, :-1], target_mask[:, :-1]
-        labels = target_ids[:, 1:].masked_fill(~target_mask[:, 1:].bool(), -100)
+        targets = target_mask[:, 1:].bool()
         states = self.model.decoder(
             input_ids=decoder_in, attention_mask=decoder_mask.long(),
             encoder_hidden_states=encoded.states, encoder_attention_mask=encoded.mask.long(),
         ).last_hidden_state
         logits = self.lm_logits(states).float()
-        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), labels.reshape(-1), ignore_index=-100)
+        nll = F.cross_entropy(logits.transpose(1, 2), target_ids[:, 1:], reduction="none")
+        return nll.masked_fill(~targets, 0.0), targets
