@@ -340,10 +340,7 @@ class MCLIP(RetrievalModule):
 
     def on_validation_epoch_start(self) -> None:
         """The evaluation of ``method.recall_mode`` (dedup adds the reference code's recall)."""
-        self.evaluation = RECALL_MODES[self.method_cfg.recall_mode](
-            ks=tuple(self.eval_cfg.ks), ndcg_k=self.eval_cfg.ndcg_k,
-            chunk_size=self.eval_cfg.chunk_size, rerank_k=self.eval_cfg.rerank_k,
-        )
+        self.evaluation = RECALL_MODES[self.method_cfg.recall_mode].from_config(self.eval_cfg)
 
     on_test_epoch_start = on_validation_epoch_start
 

@@ -14,7 +14,7 @@ for binary relevance. Inputs are never modified.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -100,14 +100,36 @@ def graded_ndcg(
     """Per-query graded NDCG@k [Q] (float64). ``query_item`` [Q] and ``candidate_item`` [M] index
     the rows and columns of ``item_relevance`` [I, I]; with ``exclude_self``, query i is not a
     candidate of itself (i2i, t2t: the same set on both sides)."""
+    return graded_ndcg_at(query_emb, candidate_emb, query_item, candidate_item, item_relevance,
+                          ks=(k,), exclude_self=exclude_self, gain=gain, chunk_size=chunk_size)[k]
+
+
+def graded_ndcg_at(
+    query_emb: Tensor,
+    candidate_emb: Tensor,
+    query_item: Tensor,
+    candidate_item: Tensor,
+    item_relevance: Tensor,
+    *,
+    ks: Sequence[int],
+    exclude_self: bool = False,
+    gain: str = "exponential",
+    chunk_size: int = 1024,
+) -> dict[int, Tensor]:
+    """``{k: per-query graded NDCG@k [Q]}`` for every cut-off in ``ks``, as ``graded_ndcg`` gives
+    each: every chunk's scores are computed once and cut at each k (the matmul is the cost)."""
     if gain not in GAINS:
         raise ValueError(f"unknown gain {gain!r}; choose one of {sorted(GAINS)}")
+    bad_ks = [k for k in ks if isinstance(k, bool) or not isinstance(k, int) or k < 1]
+    if bad_ks or not ks:
+        raise ValueError(f"graded NDCG: cut-offs must be a non-empty list of integers >= 1, got {list(ks)}")
+    ks = list(dict.fromkeys(ks))
     check_finite_embeddings("graded NDCG", query_emb, candidate_emb)
     _check_relevance(item_relevance)
     item_gain = GAINS[gain](item_relevance.to(torch.float64))
-    ideal = ideal_dcg_per_item(item_gain, candidate_item, k, exclude_self)[query_item]
+    ideal = {k: ideal_dcg_per_item(item_gain, candidate_item, k, exclude_self)[query_item] for k in ks}
     num_queries = query_emb.shape[0]
-    result = torch.empty(num_queries, dtype=torch.float64, device=query_emb.device)
+    result = {k: torch.empty(num_queries, dtype=torch.float64, device=query_emb.device) for k in ks}
     for start in range(0, num_queries, chunk_size):
         stop = min(start + chunk_size, num_queries)
         scores = query_emb[start:stop] @ candidate_emb.T
@@ -120,9 +142,10 @@ def graded_ndcg(
         if exclude_self:
             rows = torch.arange(stop - start, device=scores.device)
             scores[rows, rows + start] = float("-inf")
-        dcg = _chunk_dcg(scores, gain_at, k)
-        chunk_ideal = ideal[start:stop]
-        result[start:stop] = torch.where(
-            chunk_ideal > 0, dcg / chunk_ideal.clamp(min=torch.finfo(chunk_ideal.dtype).tiny), 0.0
-        )
+        for k in ks:
+            dcg = _chunk_dcg(scores, gain_at, k)
+            chunk_ideal = ideal[k][start:stop]
+            result[k][start:stop] = torch.where(
+                chunk_ideal > 0, dcg / chunk_ideal.clamp(min=torch.finfo(chunk_ideal.dtype).tiny), 0.0
+            )
     return result
