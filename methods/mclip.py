@@ -41,6 +41,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 import methods
 from methods.layers.base import RetrievalModule, Stage
+from methods.layers.batches import trim_padding
 from methods.layers.distillation import (
     clamped_logit_scale,
     fixed_ttc_temperature,
@@ -57,7 +58,6 @@ from methods.layers.translation import (
     TranslationDecoder,
     clip_gradient_norm,
     inverse_sqrt_factor,
-    trim_padding,
 )
 from metrics import RetrievalEvaluation
 from metrics.dedup import DedupRecallEvaluation
