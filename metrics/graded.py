@@ -58,15 +58,26 @@ def ideal_dcg_per_item(item_gain: Tensor, candidate_item: Tensor, k: int, exclud
     return (best * position_discounts(k, item_gain.device)).sum(1)
 
 
-def _chunk_dcg(scores: Tensor, gain_at: Callable[[Tensor, Tensor], Tensor], k: int) -> Tensor:
-    """DCG@k of each row of ``scores`` [c, M]; ``gain_at(rows, columns)`` gives item gains."""
-    size = min(k + 1, scores.shape[1])
-    values, indices = scores.topk(size, dim=1)
+def _sorted_top(scores: Tensor, gain_at: Callable[[Tensor, Tensor], Tensor], size: int) -> tuple[Tensor, Tensor]:
+    """The ``size`` best scores of each row, descending, and their gains [c, size]; rows with fewer
+    candidates are padded with -inf scores of gain 0."""
+    available = min(size, scores.shape[1])
+    values, indices = scores.topk(available, dim=1)
     rows = torch.arange(len(scores), device=scores.device)
     item_gain = gain_at(rows[:, None], indices)
-    if size < k + 1:
-        values = torch.cat([values, values.new_full((len(values), k + 1 - size), float("-inf"))], 1)
-        item_gain = torch.cat([item_gain, item_gain.new_zeros(len(values), k + 1 - size)], 1)
+    if available < size:
+        values = torch.cat([values, values.new_full((len(values), size - available), float("-inf"))], 1)
+        item_gain = torch.cat([item_gain, item_gain.new_zeros(len(values), size - available)], 1)
+    return values, item_gain
+
+
+def _chunk_dcg(scores: Tensor, best: tuple[Tensor, Tensor], gain_at: Callable[[Tensor, Tensor], Tensor],
+               k: int) -> Tensor:
+    """DCG@k of each row of ``scores`` [c, M] from ``best``, its rows' sorted best scores and their
+    gains (at least k+1 columns, see ``_sorted_top``); ``gain_at(rows, columns)`` gives item gains.
+    Cutting a longer sorted list at k is exact: whatever precedes the (k+1)-th score scores higher
+    than it, and the items that tie with it are counted over the whole row."""
+    values, item_gain = best[0][:, : k + 1], best[1][:, : k + 1]
     edge = values[:, k : k + 1]
     top = values[:, :k]
     higher = (values[:, None, :] > top[:, :, None]).sum(-1)
@@ -117,7 +128,7 @@ def graded_ndcg_at(
     chunk_size: int = 1024,
 ) -> dict[int, Tensor]:
     """``{k: per-query graded NDCG@k [Q]}`` for every cut-off in ``ks``, as ``graded_ndcg`` gives
-    each: every chunk's scores are computed once and cut at each k (the matmul is the cost)."""
+    each: every chunk's scores are computed and sorted once (top max(ks)+1) and cut at each k."""
     if gain not in GAINS:
         raise ValueError(f"unknown gain {gain!r}; choose one of {sorted(GAINS)}")
     bad_ks = [k for k in ks if isinstance(k, bool) or not isinstance(k, int) or k < 1]
@@ -142,8 +153,9 @@ def graded_ndcg_at(
         if exclude_self:
             rows = torch.arange(stop - start, device=scores.device)
             scores[rows, rows + start] = float("-inf")
+        best = _sorted_top(scores, gain_at, max(ks) + 1)
         for k in ks:
-            dcg = _chunk_dcg(scores, gain_at, k)
+            dcg = _chunk_dcg(scores, best, gain_at, k)
             chunk_ideal = ideal[k][start:stop]
             result[k][start:stop] = torch.where(
                 chunk_ideal > 0, dcg / chunk_ideal.clamp(min=torch.finfo(chunk_ideal.dtype).tiny), 0.0
