@@ -251,9 +251,7 @@ def score_external(spec: ModelSpec, overrides: Sequence[str] = (), device: str =
     with claim_run_dir(cfg) as run_dir:
         evaluated, relevance = read_test_set(cfg)
         encoder = load_encoder(spec, target)
-        evaluation = metrics.RetrievalEvaluation(
-            ks=tuple(cfg.evaluation.ks), ndcg_k=cfg.evaluation.ndcg_k,
-            chunk_size=cfg.evaluation.chunk_size, rerank_k=0)
+        evaluation = metrics.RetrievalEvaluation.from_config(cfg.evaluation, rerank_k=0)
         encode(encoder, evaluated, int(cfg.data.eval_batch_size), int(cfg.data.num_workers), evaluation)
         report = evaluation.compute(
             caption_image=evaluated.caption_image, caption_language=evaluated.caption_language,

@@ -8,7 +8,8 @@ twice is averaged once (its newest run) and the other runs are listed; a row sco
 metric protocol than the suite's current one is marked. A pretrained model scored zero-shot by
 ``experiments.external`` is a row marked external, naming its library, model and weights tag.
 
-Writes ``leaderboard.md``, ``leaderboard.csv`` (every metric, mean and std) and ``leaderboard.png``
+Writes ``leaderboard.md``, ``leaderboard.csv`` (every metric, mean and std: a metric a row lacks,
+such as uni-modal NDCG on data without graded relevance, is an empty cell) and ``leaderboard.png``
 (mean recall per method and dataset) beside the runs it reads, unless told where (``--out``).
 """
 
@@ -28,6 +29,7 @@ from metrics.protocol import METRIC_PROTOCOL
 
 FAMILY = ("method", "data", "protocol", "scorer")
 OTHER_PROTOCOL, UNRECORDED_PROTOCOL = "†", "‡"
+UNIMODAL = ("i2i/NDCG@", "t2t/NDCG@")
 
 
 def load_results(runs: Path, split: str = "test") -> list[dict]:
@@ -134,6 +136,14 @@ def _cell(row: dict, name: str, digits: int = 2) -> str:
     return f"{mean:.{digits}f} ± {std:.{digits}f}"
 
 
+def unimodal_cutoffs(rows: list[dict]) -> list[int]:
+    """The k of every uni-modal ``i2i/NDCG@k`` or ``t2t/NDCG@k`` any row reports, ascending (none
+    for data without graded relevance, whose rows carry no uni-modal key)."""
+    names = {name for r in rows for name in r["stats"]}
+    return sorted({int(name.split("@", 1)[1]) for name in names
+                   if name.startswith(UNIMODAL) and name.split("@", 1)[1].isdigit()})
+
+
 def external_label(row: dict) -> str:
     """``external`` or ``external, <weights tag>`` for a pretrained model's row, else empty."""
     external = row.get("external")
@@ -169,18 +179,23 @@ def _notes(group: list[dict]) -> list[str]:
 
 
 def to_markdown(rows: list[dict]) -> str:
-    """One table per dataset: mR, per-language R@1 (both directions) and MRV (std reduction)."""
+    """One table per dataset: mR, per-language R@1 (both directions), MRV (std reduction) and,
+    where the data has graded relevance, uni-modal NDCG at each reported cut-off."""
     out = ["# Leaderboard", "",
            "Mean ± std over seeds, test split. mR: mean of R@1/5/10 in both directions over all",
            "languages. Per-language cells: i2t R@1 / t2i R@1. MRV: std of an instance's ranks across",
-           "languages (lower is more consistent). A row averages runs whose configurations differ",
+           "languages (lower is more consistent). NDCG@k cells: i2i / t2t graded NDCG (image among",
+           "images, caption among the captions of every language; only for data with graded",
+           "relevance, – where a row has none). A row averages runs whose configurations differ",
            "only in the seed; `settings` names what differs between rows of one method. Built from",
            "the runs' `metrics.json` files by `make leaderboard`.", ""]
     for data in sorted({r["data"] for r in rows}):
         group = [r for r in rows if r["data"] == data]
         languages = list(dict.fromkeys(lang for r in group for lang in r["languages"]))
+        cutoffs = unimodal_cutoffs(group)
         header = ["method", "protocol", "scorer", "settings", "seeds", "mR",
-                  *[f"{lang} R@1" for lang in languages], "MRV i2t", "MRV t2i"]
+                  *[f"{lang} R@1" for lang in languages], "MRV i2t", "MRV t2i",
+                  *[f"NDCG@{k} i2i / t2t" for k in cutoffs]]
         out += [f"## {data}", "", "| " + " | ".join(header) + " |",
                 "|" + "---|" * len(header)]
         for r in group:
@@ -189,7 +204,8 @@ def to_markdown(rows: list[dict]) -> str:
             ]
             cells = [_method_cell(r), r["protocol"], r["scorer"], r["settings"],
                      ",".join(map(str, r["seeds"])), _cell(r, "mR"), *per_lang,
-                     _cell(r, "all/MRV_std/i2t"), _cell(r, "all/MRV_std/t2i")]
+                     _cell(r, "all/MRV_std/i2t"), _cell(r, "all/MRV_std/t2i"),
+                     *[f"{_cell(r, f'i2i/NDCG@{k}', 3)} / {_cell(r, f't2t/NDCG@{k}', 3)}" for k in cutoffs]]
             out.append("| " + " | ".join(cells) + " |")
         notes = _notes(group)
         out += ["", *notes] if notes else []

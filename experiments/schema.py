@@ -12,10 +12,11 @@ knobs (``data.synthetic``) are an open mapping checked by the world itself.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
 from typing import Any, Dict, List, Optional, Union
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
 
 
 def bounded(default: Any, *, minimum: float | None = None, above: float | None = None,
@@ -23,6 +24,12 @@ def bounded(default: Any, *, minimum: float | None = None, above: float | None =
     """A field with a lower bound (``minimum`` inclusive, ``above`` exclusive); values in
     ``allow`` (e.g. -1 for "no limit") are accepted besides the bound."""
     return field(default=default, metadata={"minimum": minimum, "above": above, "allow": allow})
+
+
+def bounded_list(default: list, *, minimum: float) -> Any:
+    """A non-empty list field whose every value is at least ``minimum``."""
+    return field(default_factory=lambda: list(default),
+                 metadata={"minimum": minimum, "above": None, "allow": (), "non_empty": True})
 
 
 @dataclass
@@ -41,6 +48,7 @@ class OptimConfig:
 class EvaluationConfig:
     ks: List[int] = field(default_factory=lambda: [1, 5, 10])
     ndcg_k: int = bounded(10, minimum=1)
+    unimodal_ndcg_ks: List[int] = bounded_list([10, 20, 50], minimum=1)
     chunk_size: int = bounded(1024, minimum=1)
     rerank_k: int = bounded(0, minimum=0)
 
@@ -132,10 +140,22 @@ def check_bounds(cfg: DictConfig, schema: type = RunConfig, prefix: str = "") ->
         if key in CHOICES and value not in CHOICES[key]:
             raise ValueError(f"config key '{key}' = {value!r}: must be one of {list(CHOICES[key])}")
         meta = spec.metadata
-        if not meta or value is None or value in meta["allow"] or isinstance(value, bool):
+        if not meta or value is None:
             continue
-        if meta["minimum"] is not None and value < meta["minimum"]:
-            raise ValueError(f"config key '{key}' = {value}: must be >= {meta['minimum']}"
-                             + (f" (or {', '.join(map(str, meta['allow']))})" if meta["allow"] else ""))
-        if meta["above"] is not None and value <= meta["above"]:
-            raise ValueError(f"config key '{key}' = {value}: must be > {meta['above']}")
+        if isinstance(value, ListConfig):
+            if meta.get("non_empty") and not value:
+                raise ValueError(f"config key '{key}' = []: must list at least one value")
+            for item in value:
+                _check_bound(key, item, meta)
+        else:
+            _check_bound(key, value, meta)
+
+
+def _check_bound(key: str, value: Any, meta: Mapping) -> None:
+    if value in meta["allow"] or isinstance(value, bool):
+        return
+    if meta["minimum"] is not None and value < meta["minimum"]:
+        raise ValueError(f"config key '{key}' = {value}: must be >= {meta['minimum']}"
+                         + (f" (or {', '.join(map(str, meta['allow']))})" if meta["allow"] else ""))
+    if meta["above"] is not None and value <= meta["above"]:
+        raise ValueError(f"config key '{key}' = {value}: must be > {meta['above']}")

@@ -42,6 +42,7 @@ from methods.layers.hard_sampling import (
     sample_hard_examples,
 )
 from methods.layers.heads import ITMHead, MLMHead, ProjectionHead
+from methods.layers.length_buckets import length_buckets, merge_buckets
 from methods.layers.masking import IGNORE_INDEX, mask_tokens
 from methods.layers.one_to_k import one_to_k_loss
 from methods.registry import register
@@ -95,25 +96,6 @@ def build_text_and_fusion(method: Any, data: Any, image_dim: int) -> tuple[TextE
     if keep is not None:
         keep_layers(hf_model, keep)
     return text, fusion
-
-
-def length_buckets(attention_mask: Tensor, buckets: int) -> tuple[Tensor, list[tuple[Tensor, int]]]:
-    """Rows sorted by caption length and split into ``buckets`` groups, each with its longest length.
-
-    Encoding each group trimmed to its own length gives the real tokens the same states as one padded
-    call (padding is masked) while skipping most pad tokens: captions in the default world average 20
-    of 48 tokens. Returns the sort order and the (rows, length) groups.
-    """
-    lengths = attention_mask.sum(1)
-    order = lengths.argsort()
-    return order, [(rows, max(int(lengths[rows].max()), 1)) for rows in order.chunk(buckets)]
-
-
-def merge_buckets(parts: list[Tensor], order: Tensor, length: int) -> Tensor:
-    """Per-group sequence outputs [n_g, l_g, D] back to [N, length, D] in the original row order
-    (zeros at the trimmed padding positions)."""
-    padded = [F.pad(part, (0, 0, 0, length - part.shape[1])) for part in parts]
-    return torch.cat(padded)[order.argsort()]
 
 
 @register("ccrk")

@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from datamodules.triples import triple_dataloader
 from methods.layers.base import RetrievalModule, Stage
+from methods.layers.batches import trim_padding
 from methods.layers.contrastive import LearnableTemperature, info_nce
 from methods.layers.cross_lingual import (
     gather_padded,
@@ -42,7 +43,6 @@ from methods.layers.optimal_transport import (
     ot_pseudo_labels,
     sinkhorn_plan,
 )
-from methods.layers.translation import trim_padding
 from methods.registry import register
 
 PSEUDO_LABELS = ("ot", "attention")

@@ -11,21 +11,11 @@ import torch
 from torch import Tensor
 
 from methods.layers.base import RetrievalModule
+from methods.layers.batches import sample_one_language
 from methods.layers.contrastive import LearnableTemperature, info_nce
 from methods.layers.encoders import ImageEncoder, TextEncoder
 from methods.layers.heads import ProjectionHead
 from methods.registry import register
-
-
-def sample_one_language(present: Tensor) -> Tensor:
-    """For every instance (row of ``present [B, K]``), the index of one present language drawn
-    uniformly at random. An instance without any caption is an error."""
-    empty = (~present.bool()).all(dim=1)
-    if empty.any():
-        raise ValueError(
-            f"batch rows {empty.nonzero().flatten().tolist()} have no caption in any language"
-        )
-    return torch.multinomial(present.float(), 1).squeeze(1)
 
 
 @register("clip")

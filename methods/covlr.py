@@ -28,16 +28,16 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.func import functional_call
 
-from methods.ccrk import length_buckets, merge_buckets
-from methods.clip import sample_one_language
 from methods.layers.augment import drop_tokens, flip_and_translate
 from methods.layers.base import RetrievalModule
+from methods.layers.batches import sample_one_language, trim_padding
 from methods.layers.contrastive import info_nce
 from methods.layers.encoders import ImageEncoder, TextEncoder
 from methods.layers.fusion import FusionEncoder
 from methods.layers.heads import ProjectionHead
 from methods.layers.init_weights import bert_init_
 from methods.layers.intra_modal import soft_label_cross_entropy, view_info_nce
+from methods.layers.length_buckets import length_buckets, merge_buckets
 from methods.layers.masking import IGNORE_INDEX, mask_tokens
 from methods.layers.meta import meta_objective
 from methods.layers.patch_masking import mask_patches
@@ -55,12 +55,6 @@ def check_precision(precision: str) -> None:
     if str(precision) not in PRECISIONS:
         raise ValueError(f"covlr trains with trainer.precision in {PRECISIONS}, got {precision!r} "
                          "(the virtual step needs unscaled gradients)")
-
-
-def trim_padding(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Drop the trailing columns no caption attends to (padding is masked: same states, less work)."""
-    length = max(int(attention_mask.sum(-1).max()), 1)
-    return input_ids[..., :length], attention_mask[..., :length]
 
 
 def encode_in_buckets(tower, input_ids: Tensor, attention_mask: Tensor, buckets: int) -> tuple[Tensor, Tensor]:

@@ -41,6 +41,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 import methods
 from methods.layers.base import RetrievalModule, Stage
+from methods.layers.batches import trim_padding
 from methods.layers.distillation import (
     clamped_logit_scale,
     fixed_ttc_temperature,
@@ -57,7 +58,6 @@ from methods.layers.translation import (
     TranslationDecoder,
     clip_gradient_norm,
     inverse_sqrt_factor,
-    trim_padding,
 )
 from metrics import RetrievalEvaluation
 from metrics.dedup import DedupRecallEvaluation
@@ -340,10 +340,7 @@ class MCLIP(RetrievalModule):
 
     def on_validation_epoch_start(self) -> None:
         """The evaluation of ``method.recall_mode`` (dedup adds the reference code's recall)."""
-        self.evaluation = RECALL_MODES[self.method_cfg.recall_mode](
-            ks=tuple(self.eval_cfg.ks), ndcg_k=self.eval_cfg.ndcg_k,
-            chunk_size=self.eval_cfg.chunk_size, rerank_k=self.eval_cfg.rerank_k,
-        )
+        self.evaluation = RECALL_MODES[self.method_cfg.recall_mode].from_config(self.eval_cfg)
 
     on_test_epoch_start = on_validation_epoch_start
 

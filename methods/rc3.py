@@ -32,6 +32,7 @@ from torch import Tensor, nn
 
 from metrics.reranking import score_candidate_pairs
 from methods.layers.base import RetrievalModule
+from methods.layers.batches import trim_padding
 from methods.layers.contrastive import info_nce
 from methods.layers.distributed import RowLayout, row_layout
 from methods.layers.euclidean_contrastive import (
@@ -46,7 +47,6 @@ from methods.layers.euclidean_contrastive import (
 from methods.layers.heads import MLMHead, ProjectionHead
 from methods.layers.masking import IGNORE_INDEX, maskable_positions
 from methods.layers.seq2seq import SingleStreamSeq2Seq
-from methods.layers.translation import trim_padding
 from methods.registry import register
 
 VISUAL_INPUTS = ("patch", "roi", "combined")

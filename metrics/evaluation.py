@@ -50,13 +50,23 @@ class RetrievalEvaluation(Metric):
 
     full_state_update = False
 
-    def __init__(self, *, ks: Sequence[int], ndcg_k: int, chunk_size: int, rerank_k: int, **kwargs) -> None:
+    def __init__(self, *, ks: Sequence[int], ndcg_k: int, unimodal_ndcg_ks: Sequence[int], chunk_size: int,
+                 rerank_k: int, **kwargs) -> None:
         super().__init__(compute_with_cache=False, **kwargs)
         self.ks, self.ndcg_k, self.chunk_size, self.rerank_k = tuple(ks), ndcg_k, chunk_size, rerank_k
+        self.unimodal_ndcg_ks = tuple(unimodal_ndcg_ks)
         self.cache_keys: dict[str, list[str] | None] = {side: None for side in SIDES}
         for side in SIDES:
             self.add_state(self._state(side, "index"), default=[], dist_reduce_fx="cat")
             self.add_state(self._state(side, "emb"), default=[], dist_reduce_fx="cat")
+
+    @classmethod
+    def from_config(cls, evaluation: Mapping, **overrides) -> "RetrievalEvaluation":
+        """The evaluation the run's ``evaluation`` config section asks for (``overrides`` win)."""
+        settings = {"ks": tuple(evaluation["ks"]), "ndcg_k": int(evaluation["ndcg_k"]),
+                    "unimodal_ndcg_ks": tuple(evaluation["unimodal_ndcg_ks"]),
+                    "chunk_size": int(evaluation["chunk_size"]), "rerank_k": int(evaluation["rerank_k"])}
+        return cls(**(settings | overrides))
 
     @staticmethod
     def _state(side: str, field: str) -> str:
@@ -111,7 +121,8 @@ class RetrievalEvaluation(Metric):
                                       self._placed_cache("captions", len(caption_image)))
         report = retrieval_report(
             image_emb, text_emb, caption_image.to(image_emb.device), caption_language, image_ids,
-            ks=self.ks, ndcg_k=self.ndcg_k, chunk_size=self.chunk_size, reranker=reranker,
+            ks=self.ks, ndcg_k=self.ndcg_k, unimodal_ndcg_ks=self.unimodal_ndcg_ks,
+            chunk_size=self.chunk_size, reranker=reranker,
             rerank_k=self.rerank_k if reranker is not None else 0,
             image_relevance=None if image_relevance is None else image_relevance.to(image_emb.device),
             mrv_languages=mrv_languages,

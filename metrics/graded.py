@@ -14,7 +14,7 @@ for binary relevance. Inputs are never modified.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
@@ -58,15 +58,26 @@ def ideal_dcg_per_item(item_gain: Tensor, candidate_item: Tensor, k: int, exclud
     return (best * position_discounts(k, item_gain.device)).sum(1)
 
 
-def _chunk_dcg(scores: Tensor, gain_at: Callable[[Tensor, Tensor], Tensor], k: int) -> Tensor:
-    """DCG@k of each row of ``scores`` [c, M]; ``gain_at(rows, columns)`` gives item gains."""
-    size = min(k + 1, scores.shape[1])
-    values, indices = scores.topk(size, dim=1)
+def _sorted_top(scores: Tensor, gain_at: Callable[[Tensor, Tensor], Tensor], size: int) -> tuple[Tensor, Tensor]:
+    """The ``size`` best scores of each row, descending, and their gains [c, size]; rows with fewer
+    candidates are padded with -inf scores of gain 0."""
+    available = min(size, scores.shape[1])
+    values, indices = scores.topk(available, dim=1)
     rows = torch.arange(len(scores), device=scores.device)
     item_gain = gain_at(rows[:, None], indices)
-    if size < k + 1:
-        values = torch.cat([values, values.new_full((len(values), k + 1 - size), float("-inf"))], 1)
-        item_gain = torch.cat([item_gain, item_gain.new_zeros(len(values), k + 1 - size)], 1)
+    if available < size:
+        values = torch.cat([values, values.new_full((len(values), size - available), float("-inf"))], 1)
+        item_gain = torch.cat([item_gain, item_gain.new_zeros(len(values), size - available)], 1)
+    return values, item_gain
+
+
+def _chunk_dcg(scores: Tensor, best: tuple[Tensor, Tensor], gain_at: Callable[[Tensor, Tensor], Tensor],
+               k: int) -> Tensor:
+    """DCG@k of each row of ``scores`` [c, M] from ``best``, its rows' sorted best scores and their
+    gains (at least k+1 columns, see ``_sorted_top``); ``gain_at(rows, columns)`` gives item gains.
+    Cutting a longer sorted list at k is exact: whatever precedes the (k+1)-th score scores higher
+    than it, and the items that tie with it are counted over the whole row."""
+    values, item_gain = best[0][:, : k + 1], best[1][:, : k + 1]
     edge = values[:, k : k + 1]
     top = values[:, :k]
     higher = (values[:, None, :] > top[:, :, None]).sum(-1)
@@ -100,14 +111,36 @@ def graded_ndcg(
     """Per-query graded NDCG@k [Q] (float64). ``query_item`` [Q] and ``candidate_item`` [M] index
     the rows and columns of ``item_relevance`` [I, I]; with ``exclude_self``, query i is not a
     candidate of itself (i2i, t2t: the same set on both sides)."""
+    return graded_ndcg_at(query_emb, candidate_emb, query_item, candidate_item, item_relevance,
+                          ks=(k,), exclude_self=exclude_self, gain=gain, chunk_size=chunk_size)[k]
+
+
+def graded_ndcg_at(
+    query_emb: Tensor,
+    candidate_emb: Tensor,
+    query_item: Tensor,
+    candidate_item: Tensor,
+    item_relevance: Tensor,
+    *,
+    ks: Sequence[int],
+    exclude_self: bool = False,
+    gain: str = "exponential",
+    chunk_size: int = 1024,
+) -> dict[int, Tensor]:
+    """``{k: per-query graded NDCG@k [Q]}`` for every cut-off in ``ks``, as ``graded_ndcg`` gives
+    each: every chunk's scores are computed and sorted once (top max(ks)+1) and cut at each k."""
     if gain not in GAINS:
         raise ValueError(f"unknown gain {gain!r}; choose one of {sorted(GAINS)}")
+    bad_ks = [k for k in ks if isinstance(k, bool) or not isinstance(k, int) or k < 1]
+    if bad_ks or not ks:
+        raise ValueError(f"graded NDCG: cut-offs must be a non-empty list of integers >= 1, got {list(ks)}")
+    ks = list(dict.fromkeys(ks))
     check_finite_embeddings("graded NDCG", query_emb, candidate_emb)
     _check_relevance(item_relevance)
     item_gain = GAINS[gain](item_relevance.to(torch.float64))
-    ideal = ideal_dcg_per_item(item_gain, candidate_item, k, exclude_self)[query_item]
+    ideal = {k: ideal_dcg_per_item(item_gain, candidate_item, k, exclude_self)[query_item] for k in ks}
     num_queries = query_emb.shape[0]
-    result = torch.empty(num_queries, dtype=torch.float64, device=query_emb.device)
+    result = {k: torch.empty(num_queries, dtype=torch.float64, device=query_emb.device) for k in ks}
     for start in range(0, num_queries, chunk_size):
         stop = min(start + chunk_size, num_queries)
         scores = query_emb[start:stop] @ candidate_emb.T
@@ -120,9 +153,11 @@ def graded_ndcg(
         if exclude_self:
             rows = torch.arange(stop - start, device=scores.device)
             scores[rows, rows + start] = float("-inf")
-        dcg = _chunk_dcg(scores, gain_at, k)
-        chunk_ideal = ideal[start:stop]
-        result[start:stop] = torch.where(
-            chunk_ideal > 0, dcg / chunk_ideal.clamp(min=torch.finfo(chunk_ideal.dtype).tiny), 0.0
-        )
+        best = _sorted_top(scores, gain_at, max(ks) + 1)
+        for k in ks:
+            dcg = _chunk_dcg(scores, best, gain_at, k)
+            chunk_ideal = ideal[k][start:stop]
+            result[k][start:stop] = torch.where(
+                chunk_ideal > 0, dcg / chunk_ideal.clamp(min=torch.finfo(chunk_ideal.dtype).tiny), 0.0
+            )
     return result

@@ -8,7 +8,7 @@ import torch
 from torch import Tensor
 
 from metrics import functional
-from metrics.graded import graded_ndcg
+from metrics.graded import graded_ndcg_at
 from metrics.ranks import count_non_finite, paired_ranks, rank_and_ndcg
 from metrics.reranking import Reranker
 from metrics.ties import HIGHER
@@ -100,6 +100,7 @@ def retrieval_report(
     *,
     ks=(1, 5, 10),
     ndcg_k: int = 10,
+    unimodal_ndcg_ks: Sequence[int] = (10, 20, 50),
     chunk_size: int = 1024,
     reranker: Reranker | None = None,
     rerank_k: int = 0,
@@ -116,7 +117,9 @@ def retrieval_report(
     language (TR) and its first caption's expected rank per language (IR), drops images missing a
     language and reports their count; one language gives 0. ``all/MRV`` is the mean of the TR and
     IR MRV_std. ``image_ids`` names the images; the instance key is the image's position, so ids
-    must be unique. NaN or infinite embeddings are an error.
+    must be unique. With ``image_relevance`` [I, I] (graded, per image pair), ``i2i/NDCG@k`` and
+    ``t2t/NDCG@k`` for each k of ``unimodal_ndcg_ks``; without it, no uni-modal key at all. NaN or
+    infinite embeddings are an error.
     """
     _check_inputs(image_emb, text_emb, caption_image, caption_language, image_ids)
     languages = list(dict.fromkeys(caption_language))
@@ -146,7 +149,8 @@ def retrieval_report(
         report["mR_non_en"] = sum(report[f"{lang}/mR"] for lang in non_english) / len(non_english)
     report |= _mrv_scores(mrv_rows, len(mrv_set), image_emb.shape[0])
     if image_relevance is not None:
-        report |= _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ndcg_k, chunk_size)
+        report |= _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, unimodal_ndcg_ks,
+                                 chunk_size)
     return report
 
 
@@ -164,8 +168,9 @@ def _mrv_scores(mrv_rows: dict[str, list], num_languages: int, num_images: int) 
     return scores
 
 
-def _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ndcg_k, chunk_size):
-    """i2i and t2t graded NDCG; a caption's relevance to another is that of their images."""
+def _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ks, chunk_size):
+    """i2i and t2t graded NDCG at each k: images among all other images, captions among all other
+    captions of every language; a caption's relevance to another is that of their images."""
     num_images = image_emb.shape[0]
     if image_relevance.shape != (num_images, num_images):
         raise ValueError(
@@ -173,8 +178,9 @@ def _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ndcg_k, 
             f"expected ({num_images}, {num_images})"
         )
     images = torch.arange(num_images, device=caption_image.device)
-    i2i = graded_ndcg(image_emb, image_emb, images, images, image_relevance, k=ndcg_k,
-                      exclude_self=True, chunk_size=chunk_size)
-    t2t = graded_ndcg(text_emb, text_emb, caption_image, caption_image, image_relevance,
-                      k=ndcg_k, exclude_self=True, chunk_size=chunk_size)
-    return {f"i2i/NDCG@{ndcg_k}": i2i.mean().item(), f"t2t/NDCG@{ndcg_k}": t2t.mean().item()}
+    scores = {}
+    for name, emb, items in (("i2i", image_emb, images), ("t2t", text_emb, caption_image)):
+        per_k = graded_ndcg_at(emb, emb, items, items, image_relevance, ks=ks, exclude_self=True,
+                               chunk_size=chunk_size)
+        scores |= {f"{name}/NDCG@{k}": ndcg.mean().item() for k, ndcg in per_k.items()}
+    return scores

@@ -137,7 +137,7 @@ class ToyData(L.LightningDataModule):
 
 def _module(rerank_k=0):
     evaluation = OmegaConf.create(
-        {"ks": [1, 5], "ndcg_k": 10, "chunk_size": 64, "batch_size": 4, "rerank_k": rerank_k}
+        {"ks": [1, 5], "ndcg_k": 10, "unimodal_ndcg_ks": [10, 20], "chunk_size": 64, "batch_size": 4, "rerank_k": rerank_k}
     )
     return ToyMethod(
         OmegaConf.create({"name": "toy"}), OPTIM, ToyInfo(languages=["en", "de"]), evaluation

@@ -17,7 +17,7 @@ CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "meth
 B, K, L, VOCAB, IMAGE = 8, 3, 16, 120, 32
 OPTIM = OmegaConf.create({"lr": 1e-3, "weight_decay": 0.01, "betas": [0.9, 0.98], "eps": 1e-8,
                           "warmup_steps": 2, "min_lr_ratio": 0.0, "schedule": "linear"})
-EVALUATION = OmegaConf.create({"ks": [1, 5, 10], "ndcg_k": 10, "chunk_size": 1024, "batch_size": 8,
+EVALUATION = OmegaConf.create({"ks": [1, 5, 10], "ndcg_k": 10, "unimodal_ndcg_ks": [10, 20, 50], "chunk_size": 1024, "batch_size": 8,
                                "rerank_k": 0})
 
 

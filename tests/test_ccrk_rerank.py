@@ -50,7 +50,7 @@ def evaluate(module, rerank_k):
     mask = torch.ones_like(ids)
     image_emb = F.normalize(torch.eye(N) + 0.35 * torch.randn(N, N, generator=gen), dim=1)
     text_emb = F.normalize(image_emb[caption_image] + 0.35 * torch.randn(len(caption_image), N, generator=gen), dim=1)
-    evaluation = metrics.RetrievalEvaluation(ks=(1, 3), ndcg_k=3, chunk_size=5, rerank_k=rerank_k)
+    evaluation = metrics.RetrievalEvaluation(ks=(1, 3), ndcg_k=3, unimodal_ndcg_ks=(3,), chunk_size=5, rerank_k=rerank_k)
     for order, side, emb in ((torch.randperm(N, generator=gen), "images", image_emb),
                              (torch.randperm(len(ids), generator=gen), "captions", text_emb)):
         for part in order.chunk(3):

@@ -9,7 +9,8 @@ import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 
-from methods.clip import CLIPModule, sample_one_language
+from methods.clip import CLIPModule
+from methods.layers.batches import sample_one_language
 from worlds import RANDOM_BACKBONES
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"

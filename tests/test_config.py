@@ -60,6 +60,9 @@ def test_method_preset_may_fix_the_protocol_and_the_cli_still_wins():
     ("data.languages=en", "data.languages"),
     ("trainer.max_steps=0", "trainer.max_steps"),
     ("data.on_missing_image=skipp", "data.on_missing_image"),
+    ("evaluation.unimodal_ndcg_ks=[10,0]", "evaluation.unimodal_ndcg_ks"),
+    ("evaluation.unimodal_ndcg_ks=[]", "evaluation.unimodal_ndcg_ks"),
+    ("evaluation.unimodal_ndcg_ks=20", "evaluation.unimodal_ndcg_ks"),
 ])
 def test_wrong_type_sign_or_shape_names_the_key_at_compose_time(override, key):
     with pytest.raises(ConfigError) as err:

@@ -84,6 +84,8 @@ def test_method_learns_and_reevaluation_reproduces_its_scores(method, learnable_
     result = json.loads((run_dir / "metrics.json").read_text())
     assert (result["method"], result["split"], result["seed"]) == (method, "test", 0)
     report = result["metrics"]
+    unimodal = {f"{side}/NDCG@{k}" for side in ("i2i", "t2t") for k in (10, 20, 50)}
+    assert unimodal <= set(report), f"{method}: uni-modal NDCG missing from metrics.json"
     assert report["mR"] >= CHANCE_MR + MARGIN, f"{method}: mR {report['mR']:.1f}, chance {CHANCE_MR:.1f}"
 
     again = evaluate(Path(result["checkpoint"]))

@@ -141,3 +141,42 @@ def test_written_beside_the_runs_unless_told_where(tmp_path, monkeypatch):
     assert (runs / "leaderboard.md").exists() and not (tmp_path / "leaderboard.md").exists()
     leaderboard._main(["--runs", str(runs), "--out", str(tmp_path / "elsewhere")])
     assert (tmp_path / "elsewhere" / "leaderboard.md").exists()
+
+
+def _unimodal(i2i, t2t, ks=(10, 20, 50)):
+    return {f"{side}/NDCG@{k}": value + k / 1000 for k in ks for side, value in (("i2i", i2i), ("t2t", t2t))}
+
+
+def test_unimodal_ndcg_columns_show_each_cut_off_and_never_invent_a_zero(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, i2i in enumerate([0.5, 0.7]):
+        _write(runs / "covlr" / f"s{seed}", "covlr", seed, 40.0, config=_config(seed), **_unimodal(i2i, 0.3))
+    _write(runs / "old" / "s0", "clip", 0, 30.0)  # an older metrics.json without uni-modal keys
+    _write(runs / "real" / "s0", "clip", 0, 20.0, data="xflickrco")  # real data: no relevance
+    rows = build(runs, tmp_path / "out")
+    covlr = next(r for r in rows if r["method"] == "covlr")
+    assert covlr["stats"]["i2i/NDCG@20"] == pytest.approx((0.62, 0.1))
+    assert leaderboard.unimodal_cutoffs(rows) == [10, 20, 50]
+
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    synthetic, real = markdown.split("## synthetic")[1].split("## xflickrco")
+    assert "| MRV t2i | NDCG@10 i2i / t2t | NDCG@20 i2i / t2t | NDCG@50 i2i / t2t |" in synthetic
+    assert "| 0.610 ± 0.100 / 0.310 ± 0.000 | 0.620 ± 0.100 / 0.320 ± 0.000 | 0.650 ± 0.100 / 0.350 ± 0.000 |" in synthetic
+    clip_line = next(line for line in synthetic.splitlines() if line.startswith("| clip"))
+    assert clip_line.endswith("| – / – | – / – | – / – |")
+    assert "NDCG@" not in real
+    with open(tmp_path / "out" / "leaderboard.csv") as f:
+        table = {row["method"] + row["data"]: row for row in csv.DictReader(f)}
+    assert float(table["covlrsynthetic"]["t2t/NDCG@50"]) == pytest.approx(0.35)
+    assert table["clipxflickrco"]["t2t/NDCG@50"] == "" and table["clipsynthetic"]["i2i/NDCG@10 std"] == ""
+
+
+def test_runs_with_other_unimodal_cut_offs_are_their_own_row(tmp_path):
+    runs = tmp_path / "runs"
+    for ks in ([10, 20, 50], [5, 10]):
+        config = {**_config(0), "evaluation": {"unimodal_ndcg_ks": ks}}
+        _write(runs / str(ks[0]), "covlr", 0, 40.0, config=config, **_unimodal(0.5, 0.3, ks))
+    rows = build(runs, tmp_path / "out")
+    assert sorted(r["settings"] for r in rows) == ["evaluation.unimodal_ndcg_ks=[10, 20, 50]",
+                                                   "evaluation.unimodal_ndcg_ks=[5, 10]"]
+    assert leaderboard.unimodal_cutoffs(rows) == [5, 10, 20, 50]

@@ -57,13 +57,18 @@ def test_oracle_reranker_lifts_positives_in_top_k_and_keeps_the_rest():
             assert reranked[f"{lang}/{direction}/R@10"] == plain[f"{lang}/{direction}/R@10"]
 
 
-def test_relevance_matrix_adds_unimodal_ndcg():
+def test_relevance_matrix_adds_unimodal_ndcg_at_each_cut_off_and_only_then():
     image, text, caption_image, languages, ids = make_set(num_images=12)
     relevance = torch.eye(12)
     relevance[0, 1] = relevance[1, 0] = 1.0
+    plain = retrieval_report(image, text, caption_image, languages, ids)
     report = retrieval_report(image, text, caption_image, languages, ids, image_relevance=relevance)
-    assert 0.0 <= report["i2i/NDCG@10"] <= 1.0
-    assert 0.0 < report["t2t/NDCG@10"] <= 1.0  # sibling captions are relevant
+    unimodal = {f"{side}/NDCG@{k}" for side in ("i2i", "t2t") for k in (10, 20, 50)}
+    assert set(report) == set(plain) | unimodal  # the default cut-offs, and nothing else changes
+    assert {key: report[key] for key in plain} == plain
+    chosen = retrieval_report(image, text, caption_image, languages, ids, image_relevance=relevance,
+                              unimodal_ndcg_ks=[3, 7])
+    assert set(chosen) - set(plain) == {"i2i/NDCG@3", "t2t/NDCG@3", "i2i/NDCG@7", "t2t/NDCG@7"}
 
 
 def test_bad_inputs_name_the_problem():

@@ -155,10 +155,7 @@ class RetrievalModule(L.LightningModule):
     # ---- evaluation ---------------------------------------------------------------------------
 
     def on_validation_epoch_start(self) -> None:
-        self.evaluation = metrics.RetrievalEvaluation(
-            ks=tuple(self.eval_cfg.ks), ndcg_k=self.eval_cfg.ndcg_k,
-            chunk_size=self.eval_cfg.chunk_size, rerank_k=self.eval_cfg.rerank_k,
-        )
+        self.evaluation = metrics.RetrievalEvaluation.from_config(self.eval_cfg)
 
     on_test_epoch_start = on_validation_epoch_start
 

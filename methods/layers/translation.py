@@ -20,6 +20,7 @@ from torch import Tensor, nn
 
 from methods.layers.contrastive import info_nce
 from methods.layers.distillation import freeze
+from methods.layers.batches import trim_padding
 from methods.layers.encoders import TextEncoder
 
 
@@ -28,15 +29,6 @@ def masked_mean(states: Tensor, mask: Tensor) -> Tensor:
     included), so extra right padding never changes the result."""
     weights = mask.to(states.dtype).unsqueeze(-1)
     return (states * weights).sum(1) / weights.sum(1).clamp(min=1.0)
-
-
-def trim_padding(input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Drop the trailing columns that are padding in every row (batches come padded to the
-    tokenizer's max length); the encoders' outputs at real tokens do not change. No rows: one
-    column."""
-    lengths = attention_mask.sum(1)
-    length = max(int(lengths.max()) if len(lengths) else 0, 1)
-    return input_ids[:, :length], attention_mask[:, :length]
 
 
 def translation_nll(logits: Tensor, gold: Tensor, pad_token_id: int,
