@@ -14,7 +14,7 @@ import torch
 from datamodules.triples import triple_dataloader, triple_index
 from experiments.config import compose
 from experiments.train import build_datamodule
-from worlds import QUICK_BACKBONES
+from worlds import QUICK_BACKBONES, SMALL_PRETRAINED_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = ["data.synthetic.num_train=24", "data.synthetic.num_val=4", "data.synthetic.num_test=4",
@@ -69,7 +69,7 @@ def test_weakly_aligned_records_make_no_triples(tmp_path):
     assert len(dataset) == (len(data.records("train")) - len(weak)) * 5 * 2
 
 
-TRAIN = ["method=cl2cm", *QUICK_BACKBONES, "trainer.max_steps=150", "trainer.progress_refresh_rate=0",
+TRAIN = ["method=cl2cm", *SMALL_PRETRAINED_BACKBONES, "data.synthetic.num_pretrain=200", "trainer.max_steps=150", "trainer.progress_refresh_rate=0",
          "trainer.check_val_every_n_epoch=1000", "optim.warmup_steps=10",
          "data.synthetic.num_train=200", "data.synthetic.num_val=16", "data.synthetic.num_test=32",
          "data.batch_size=16", "data.eval_batch_size=64", "data.tokenizer.vocab_size=300",

@@ -9,7 +9,7 @@ from math import comb
 from pathlib import Path
 
 import pytest
-from worlds import QUICK_BACKBONES
+from worlds import SMALL_PRETRAINED_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
 TEST_IMAGES, CAPTIONS_PER_IMAGE, KS = 32, 5, (1, 5, 10)
@@ -27,7 +27,8 @@ def chance_mean_recall() -> float:
 @pytest.mark.slow
 def test_cli_run_beats_chance(tmp_path):
     argv = ["method=covlr", f"data.root={tmp_path / 'world'}", f"run_dir={tmp_path / 'runs'}", "run_id=e2e",
-            "data.synthetic.num_train=512", *QUICK_BACKBONES, "data.synthetic.num_val=16", f"data.synthetic.num_test={TEST_IMAGES}",
+            "data.synthetic.num_train=512", *SMALL_PRETRAINED_BACKBONES, "data.synthetic.num_pretrain=200",
+            "data.synthetic.num_val=16", f"data.synthetic.num_test={TEST_IMAGES}",
             "data.languages=[en,de]", "data.batch_size=32", "data.eval_batch_size=64",
             "data.tokenizer.vocab_size=300", "trainer.max_steps=120", "optim.warmup_steps=10",
             "optim.lr=3e-3", "trainer.check_val_every_n_epoch=1000", "trainer.progress_refresh_rate=0"]

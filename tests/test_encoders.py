@@ -190,3 +190,14 @@ def test_unknown_backend_names_the_choices():
         ImageEncoder("resnet50")
     with pytest.raises(ValueError, match="'tiny', 'hf:<model>'"):
         TextEncoder("bert")
+
+
+def test_a_loaded_hf_encoder_starts_in_train_mode_like_every_other_module(tmp_path):
+    """``from_pretrained`` returns its model in eval mode. Inside a training module that left the
+    text encoder without dropout until Lightning's first validation switched everything to train
+    mode, so a run resumed after that point (rebuilt: eval again) trained differently."""
+    from transformers import XLMRobertaModel
+
+    XLMRobertaModel(_tiny_xlmr_config()).save_pretrained(tmp_path / "xlmr")
+    encoder = TextEncoder(name=f"hf:{tmp_path / 'xlmr'}", pretrained=True)
+    assert all(module.training for module in encoder.modules())

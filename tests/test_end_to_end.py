@@ -13,7 +13,7 @@ import methods
 from experiments.config import compose
 from experiments.evaluate import evaluate
 from experiments.train import train
-from worlds import QUICK_BACKBONES
+from worlds import QUICK_BACKBONES, SMALL_PRETRAINED_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_WORLD = [
@@ -44,7 +44,7 @@ def smoke_overrides(method, world, run_dir, *extra):
 # An easy world for the learning test: 16 scene kinds (4 shapes x 4 colours, one object, every
 # attribute mentioned), one caption per image and language, 16 test images.
 LEARNABLE_WORLD = [
-    *QUICK_BACKBONES,
+    *SMALL_PRETRAINED_BACKBONES,
     "data.synthetic.num_train=96", "data.synthetic.num_val=8", "data.synthetic.num_test=16",
     "data.synthetic.num_pretrain=96",
     "data.synthetic.captions_per_image=1", "data.synthetic.num_shapes=4", "data.synthetic.num_colours=4",

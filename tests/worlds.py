@@ -42,7 +42,8 @@ def random_backbones(width: int = 64, hf_text_for=None) -> dict:
 RANDOM_BACKBONES = random_backbones()
 
 # Backbones that do learn on a small world (the recipe tests/test_backbones.py holds to a measured
-# translation preference), for tests whose claim rests on pretraining (mCLIP's zero-shot transfer).
+# translation preference), for tests whose claim rests on pretraining: learning within a short budget,
+# mCLIP's zero-shot transfer. Set data.synthetic.num_pretrain beside it.
 SMALL_PRETRAINED_BACKBONES = [
     "data.backbones.text.hidden_size=32", "data.backbones.text.layers=1", "data.backbones.text.heads=2",
     "data.backbones.text.intermediate_size=64", "data.backbones.text.steps=250",

@@ -371,6 +371,7 @@ class HFText(nn.Module):
             self.model = AutoModel.from_config(AutoConfig.from_pretrained(model), **options)
         else:
             self.model = AutoModel.from_pretrained(model, **options)
+        self.model.train()  # from_pretrained leaves eval mode; a module starts training, as torch's do
         if getattr(self.model, "pooler", None) is not None:
             self.model.pooler = None
         if layers is not None:
