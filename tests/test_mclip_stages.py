@@ -93,6 +93,7 @@ def fit(module, batches, max_steps, ckpt_path=None, save_to=None):
 @pytest.mark.parametrize("stage", ["mte_ctl", "trikd"])
 def test_a_stage_resumed_from_its_checkpoint_continues_where_it_stopped(stage, tmp_path):
     quiet = {"translation.dropout": 0.0, "trikd.dropout": 0.0, "trikd.attn_dropout": 0.0,
+             "mte.config.hidden_dropout_prob": 0.0, "mte.config.attention_probs_dropout_prob": 0.0,
              "trikd.warmup_steps": 2, "translation.ctl.decay_from_step": 1}
     data = replace(DATA, backbones=copy.deepcopy(DATA.backbones))  # the MTE (world's text) without dropout
     data.backbones["text"]["config"].update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
