@@ -132,7 +132,9 @@ class CCRk(RetrievalModule):
         return self.vision_proj(self.image_encoder(images)[:, 0])
 
     def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.text_proj(self.encode_captions(input_ids, attention_mask).pooled)
+        """One padded call, no length buckets: a caption's embedding must not follow the rounding
+        of the shapes its batch neighbours put it in."""
+        return self.text_proj(self.text_encoder(input_ids, attention_mask).pooled)
 
     def encode_captions(self, input_ids: Tensor, attention_mask: Tensor) -> TextOutput:
         """Text encoder over length buckets (see ``length_buckets``)."""

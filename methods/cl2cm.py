@@ -88,7 +88,9 @@ class CL2CM(RetrievalModule):
         return F.normalize(self.image_head(self.image_encoder(images)[:, 0]), dim=-1)
 
     def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.text_features(self.text_encoder(*trim_padding(input_ids, attention_mask)))
+        """At the batch's own width: trimming would let a caption's embedding follow the rounding
+        of a shape its batch neighbours chose."""
+        return self.text_features(self.text_encoder(input_ids, attention_mask))
 
     def text_features(self, text: TextOutput) -> Tensor:
         """f^t: the text head on G's [CLS] state, L2-normalised."""

@@ -193,7 +193,8 @@ class CoVLR(RetrievalModule):
         return self.itc_image(self.image_tower(images)[:, 0])
 
     def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        return self.itc_text(self.encode_text(self.text_tower, input_ids, attention_mask)[1])
+        """One padded call, no length buckets (as CCRk's)."""
+        return self.itc_text(self.text_tower(input_ids, attention_mask)[1])
 
     def encode_text(self, tower, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
         """``tower`` (the text tower, or a functional call of it) over length buckets."""

@@ -350,7 +350,8 @@ class MCLIP(RetrievalModule):
         return F.normalize(self.clip_projector(features), dim=-1)
 
     def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        input_ids, attention_mask = trim_padding(input_ids, attention_mask)
+        """At the batch's own width (training trims its batches before calling): trimming here
+        would let a caption's embedding follow the rounding of a shape its neighbours chose."""
         with torch.no_grad():
             mte = self.mte(input_ids, attention_mask)
         return F.normalize(self.x_projector(mte.states, mte.mask), dim=-1)
@@ -379,7 +380,7 @@ class MCLIP(RetrievalModule):
         instance, language_index = batch["present"].bool().nonzero(as_tuple=True)
         ids = batch["input_ids"][instance, language_index]
         mask = batch["attention_mask"][instance, language_index]
-        h_text = self.encode_texts(ids, mask)
+        h_text = self.encode_texts(*trim_padding(ids, mask))
         keys = image_keys(batch["ids"], h_image.device) if self.phase == FINETUNE else None
         losses = []
         for k, language in enumerate(batch["languages"]):

@@ -387,7 +387,7 @@ class RC3(RetrievalModule):
 
     def tagged_captions(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Evaluation captions with their own language tags (from the evaluated view)."""
-        languages = self.caption_languages(self._current_index)
+        languages = self.caption_languages(self.eval_index)
         tagged = input_ids.clone()
         for language in set(languages):
             rows = torch.tensor([lang == language for lang in languages], device=input_ids.device)
@@ -418,11 +418,6 @@ class RC3(RetrievalModule):
         """ITM logit of each (image, tagged caption) pair: the paper's retrieval score."""
         input_ids, attention_mask = trim_padding(input_ids, attention_mask)
         return self.itm_head(self.net.encode(input_ids, attention_mask, visual).pooled).squeeze(1).float()
-
-    def on_validation_batch_start(self, batch, batch_idx, dataloader_idx=0):
-        self._current_index = batch["index"]
-
-    on_test_batch_start = on_validation_batch_start
 
 
 EVAL_ROWS = 8  # rows of every first-stage encoder call in evaluation

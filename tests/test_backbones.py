@@ -155,3 +155,29 @@ def test_no_backbones_when_switched_off(tmp_path):
 def test_unknown_recipe_key_is_named():
     with pytest.raises(KeyError, match=r"\['stepz'\] in data.backbones.text"):
         backbones.BackboneRecipe.from_config({"text": {"stepz": 1}})
+
+
+def global_draws() -> tuple:
+    import random
+
+    import numpy
+
+    return torch.rand(3).tolist(), random.random(), numpy.random.rand()
+
+
+def test_building_the_backbones_leaves_the_global_random_state_alone(dm, tmp_path):
+    """A run builds the backbones lazily, after it has seeded everything: were the build to move
+    the global generators, the first run on a machine (which builds) would train differently from
+    every later run with the same seed (which hits the cache), and no score would reproduce."""
+    import lightning as L
+
+    fresh = CCRDataModule(OmegaConf.merge(dm.cfg, {"root": str(tmp_path),
+                                                   "backbones": {"text": {"steps": 3},
+                                                                 "image": {"steps": 2}}}))
+    fresh.prepare_data()
+    fresh.setup("fit")
+    L.seed_everything(7, verbose=False)
+    expected = global_draws()
+    L.seed_everything(7, verbose=False)
+    dict(fresh.info.backbones)  # builds them now
+    assert global_draws() == expected

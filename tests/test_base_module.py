@@ -280,3 +280,28 @@ def test_evaluation_with_the_real_report_logs_every_key():
     assert {"mR", "en/i2t/R@1", "de/t2i/R@5"} <= set(expected)
     assert module.last_report == pytest.approx(expected, nan_ok=True)
     assert logged == pytest.approx({f"val/{k}": v for k, v in expected.items()}, nan_ok=True)
+
+
+def test_every_evaluation_encoder_call_has_its_loaders_batch_shape(fake_report):
+    """CPU kernels round differently for different batch shapes (1e-7 on a projection head), and a
+    DDP run's shards end in other short batches than one process's loader does; near-tied t2t
+    scores then reordered, so a DDP run's scores differed from re-scoring its checkpoint. A short
+    batch is filled up to its loader's batch size, and only its own rows are kept."""
+    class ShapeSensitive(ToyMethod):
+        def encode_images(self, images):
+            self.calls.append(("images", len(images)))
+            return super().encode_images(images) + len(images)  # a rounding that follows the shape
+
+        def encode_texts(self, input_ids, attention_mask):
+            self.calls.append(("captions", len(input_ids)))
+            return super().encode_texts(input_ids, attention_mask) + len(input_ids)
+
+    module, data = _module(), ToyData()
+    module.__class__, module.calls = ShapeSensitive, []
+    _trainer().validate(module, datamodule=data, verbose=False)
+    assert set(module.calls) == {("images", 4), ("captions", 5)}
+    (call,) = fake_report
+    with torch.no_grad():
+        torch.testing.assert_close(call["image_emb"], ToyMethod.encode_images(module, data.images) + 4)
+        torch.testing.assert_close(call["text_emb"],
+                                   ToyMethod.encode_texts(module, data.ids, (data.ids != 0).long()) + 5)

@@ -290,3 +290,17 @@ def test_the_matching_head_learns_a_batch_whose_images_it_can_tell_apart():
         optimizer.step()
         losses.append(loss.item())
     assert sum(losses[-10:]) / 10 < 0.3, losses[::10]  # the prior's entropy is 0.636
+
+
+def test_evaluation_encodes_every_caption_in_one_padded_call():
+    """Length buckets give each group its own shape, and CPU kernels round differently per shape:
+    a caption's retrieval embedding would follow its batch neighbours (and a DDP shard's scores
+    differ from one process's). Evaluation encodes the batch as it comes, in one call."""
+    module = build().eval()
+    batch = training_batch()
+    ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
+    shapes = []
+    module.text_encoder.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    with torch.no_grad():
+        module.encode_texts(ids, mask)
+    assert shapes == [tuple(ids.shape)]

@@ -271,3 +271,17 @@ def test_paper_preset_architecture_from_tiny_local_models_takes_a_step(tmp_path)
     optimizer.step()
     assert torch.isfinite(loss)
     assert module.image_encoder.backbone.visual.conv1.weight.grad.abs().sum() > 0
+
+
+def test_evaluation_encodes_every_caption_at_the_batch_width():
+    """Trimming all-pad columns gives a batch a width that depends on its longest caption, and CPU
+    kernels round differently per shape: a caption's retrieval embedding would follow its batch
+    neighbours (a DDP shard's scores then differ from one process's). Evaluation does not trim."""
+    module = build().eval()
+    batch = pad_columns(triple_batch(), 6)
+    ids, mask = batch["tgt_input_ids"], batch["tgt_attention_mask"]
+    shapes = []
+    module.text_encoder.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    with torch.no_grad():
+        module.encode_texts(ids, mask)
+    assert shapes == [tuple(ids.shape)]

@@ -298,3 +298,15 @@ def test_sixteen_bit_mixed_precision_is_rejected():
         covlr.check_precision("16-mixed")
     covlr.check_precision("32-true")
     covlr.check_precision("bf16-mixed")
+
+
+def test_evaluation_encodes_every_caption_in_one_padded_call():
+    """As CCRk: length buckets would give a caption's retrieval embedding its neighbours' rounding."""
+    module = build().eval()
+    batch = training_batch()
+    ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
+    shapes = []
+    module.text_tower.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    with torch.no_grad():
+        module.encode_texts(ids, mask)
+    assert shapes == [tuple(ids.shape)]

@@ -6,6 +6,7 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from datamodules.datamodule import DataInfo
@@ -249,3 +250,17 @@ def test_inverse_sqrt_schedule_matches_the_trikd_numbers():
 def test_a_bad_stage_list_is_refused(stages):
     with pytest.raises(ValueError, match="method.stages"):
         selected_stages(OmegaConf.create({"stages": stages}))
+
+
+def test_evaluation_encodes_every_caption_at_the_batch_width():
+    """As CL2CM's: no trimming of all-pad columns in evaluation, so a caption's embedding does not
+    follow the rounding of a width its batch neighbours chose."""
+    module = build_mclip().eval()
+    ids, mask = caption_ids(4, length=6)
+    extra = DATA.max_length - 6  # trailing columns that are padding in every caption
+    ids, mask = F.pad(ids, (0, extra), value=DATA.pad_token_id), F.pad(mask, (0, extra), value=0)
+    shapes = []
+    module.mte.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    with torch.no_grad():
+        module.encode_texts(ids, mask)
+    assert shapes == [tuple(ids.shape)]

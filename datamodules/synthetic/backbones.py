@@ -28,6 +28,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities.seed import isolate_rng
 
 from ..datasets import ImageTransform
 from ..records import Record
@@ -125,9 +126,22 @@ def build_backbones(target: Path, records: list[Record], languages: list[str],
                     transform: ImageTransform, recipe: BackboneRecipe,
                     check: list[Record] | None = None) -> Path:
     """Pretrain both backbones on ``records`` (the world's pretrain split) unless ``target`` holds
-    them; ``check`` (e.g. the val split) measures the text encoder's translation preference."""
+    them; ``check`` (e.g. the val split) measures the text encoder's translation preference.
+
+    The build runs on its own seed and leaves the global random state as it found it: a run builds
+    lazily after seeding, and the run that builds must train exactly as every run that hits the
+    cache."""
     if (target / SUMMARY).exists():
         return target
+    with isolate_rng():
+        _build(target, records, languages, tokenizer, max_length, image_root, transform, recipe,
+               check)
+    return target
+
+
+def _build(target: Path, records: list[Record], languages: list[str], tokenizer: Tokenizer,
+           max_length: int, image_root: Path, transform: ImageTransform, recipe: BackboneRecipe,
+           check: list[Record] | None) -> None:
     started = time.perf_counter()
     staging = target.with_name(f".{target.name}.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
@@ -153,7 +167,6 @@ def build_backbones(target: Path, records: list[Record], languages: list[str],
         os.replace(staging, target)
     except OSError:  # another process finished the same build first
         shutil.rmtree(staging, ignore_errors=True)
-    return target
 
 
 def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:

@@ -23,6 +23,7 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
 import metrics
+from methods.layers.batches import fill_rows, first_rows
 from methods.layers.optim import SCHEDULES, param_groups, warmup_step_count
 
 if TYPE_CHECKING:
@@ -70,6 +71,7 @@ class RetrievalModule(L.LightningModule):
         self.last_report: dict[str, float] | None = None
         self.evaluation: metrics.RetrievalEvaluation | None = None  # one per evaluation epoch
         self._last_batch_end: float | None = None
+        self.eval_index: Tensor | None = None  # item indices of the rows being encoded in evaluation
 
     # ---- what a method provides ---------------------------------------------------------------
 
@@ -160,16 +162,31 @@ class RetrievalModule(L.LightningModule):
     on_test_epoch_start = on_validation_epoch_start
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Encode one batch of the image or caption loader into ``self.evaluation`` by index."""
+        """Encode one batch of the image or caption loader into ``self.evaluation`` by index.
+
+        A short batch is filled up to its loader's batch size with copies of its first row, whose
+        outputs are dropped: CPU kernels round differently for different shapes, and a DDP run's
+        shards end in other short batches than one process does, so without one shape an item's
+        embedding (and near-tied rankings) would depend on how the set was sharded.
+        ``self.eval_index`` holds the encoded rows' item indices (filled rows included), for
+        methods whose encoding depends on the item (e.g. its language)."""
         rerank = self.eval_cfg.rerank_k > 0
         side = EVAL_SIDES[dataloader_idx]
+        count = len(batch["index"])
+        batch = fill_rows(batch, self._eval_batch_size(dataloader_idx))
+        self.eval_index = batch["index"]
         if side == "images":
             emb = self.encode_images(batch["images"])
             cache = self.image_cache(batch["images"]) if rerank else None
         else:
             emb = self.encode_texts(batch["input_ids"], batch["attention_mask"])
             cache = self.text_cache(batch["input_ids"], batch["attention_mask"]) if rerank else None
-        self.evaluation.update(side, batch["index"], emb.float(), cache)
+        self.evaluation.update(side, batch["index"][:count], emb[:count].float(), first_rows(cache, count))
+
+    def _eval_batch_size(self, dataloader_idx: int) -> int | None:
+        loaders = self.trainer.test_dataloaders if self.trainer.testing else self.trainer.val_dataloaders
+        loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
+        return getattr(loaders[dataloader_idx], "batch_size", None)
 
     test_step = validation_step
 

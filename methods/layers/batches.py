@@ -1,4 +1,5 @@
-"""Helpers on padded caption batches: trimming shared padding and drawing one language per row.
+"""Helpers on padded batches: trimming shared padding, drawing one language per row, and filling
+an evaluation batch up to its loader's shape.
 
 Training batches hold every instance's captions in K language slots (``input_ids [B, K, L]``,
 ``present [B, K]`` saying which slots hold a caption); evaluation batches hold one caption per row
@@ -6,6 +7,9 @@ Training batches hold every instance's captions in K language slots (``input_ids
 """
 
 from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -28,3 +32,23 @@ def sample_one_language(present: Tensor) -> Tensor:
             f"batch rows {empty.nonzero().flatten().tolist()} have no caption in any language"
         )
     return torch.multinomial(present.float(), 1).squeeze(1)
+
+
+def fill_rows(batch: dict[str, Any], rows: int | None) -> dict[str, Any]:
+    """``batch`` with every tensor filled up to ``rows`` rows by copies of its first row (a batch
+    already that long, or ``rows`` None, comes back as it is)."""
+    count = len(batch["index"])
+    if rows is None or count >= rows:
+        return batch
+    fill = torch.zeros(rows - count, dtype=torch.long, device=batch["index"].device)
+    return {key: torch.cat([value, value[fill]]) if torch.is_tensor(value) else value
+            for key, value in batch.items()}
+
+
+def first_rows(value: Tensor | Mapping[str, Tensor] | None, count: int):
+    """The first ``count`` rows of a tensor, of every tensor of a mapping, or None."""
+    if value is None:
+        return None
+    if isinstance(value, Mapping):
+        return {key: first_rows(item, count) for key, item in value.items()}
+    return value[:count]
