@@ -87,9 +87,6 @@ def test_tri_kd_on_english_retrieves_english_better_than_random_projectors(train
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="issue 13: the preset's MTE is still the random-init tiny "
-                   "XLM-R (the switch to the world's pretrained backbones is not landed), and German does not "
-                   "transfer from it")
 def test_tri_kd_on_english_retrieves_german_better_than_random_projectors(trained_and_random):
     trained, baseline = trained_and_random
     assert trained["de/mR"] > baseline["de/mR"] + MARGIN, (language_mr(trained), language_mr(baseline))

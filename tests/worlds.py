@@ -49,5 +49,5 @@ SMALL_PRETRAINED_BACKBONES = [
     "data.backbones.text.intermediate_size=64", "data.backbones.text.steps=250",
     "data.backbones.text.batch_size=32", "data.backbones.text.lr=3e-3", "data.backbones.text.warmup_steps=20",
     "data.backbones.image.embed_dim=32", "data.backbones.image.depth=1", "data.backbones.image.num_heads=2",
-    "data.backbones.image.steps=30", "data.backbones.image.batch_size=32",
+    "data.backbones.image.steps=300", "data.backbones.image.batch_size=32", "data.backbones.image.lr=3e-3",
 ]
