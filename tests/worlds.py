@@ -1,8 +1,7 @@
 """Stand-ins for the synthetic world's pretrained backbones in tests.
 
-The presets still use random-init tiny encoders; these settings let the same tests run unchanged
-once the presets name the world's backbones (``name: world``, issue 13). A test world is far smaller
-than the default one, so its backbones are built with ``QUICK_BACKBONES`` (seconds, not minutes); a
+The presets name the world's backbones (``name: world``). A test world is far smaller than the
+default one, so its backbones are built with ``QUICK_BACKBONES`` (seconds, not minutes); a
 unit test that builds a method from its preset with hand-made data info (no world at all) gives that
 info ``RANDOM_BACKBONES``, which resolves ``world`` to the random-init tiny encoders.
 """
