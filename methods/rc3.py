@@ -32,7 +32,7 @@ from torch import Tensor, nn
 
 from metrics.reranking import score_candidate_pairs
 from methods.layers.base import RetrievalModule
-from methods.layers.batches import trim_padding
+from methods.layers.batches import fill_to, trim_padding
 from methods.layers.contrastive import info_nce
 from methods.layers.distributed import RowLayout, row_layout
 from methods.layers.euclidean_contrastive import (
@@ -431,9 +431,7 @@ def in_fixed_shape(encode, *inputs: Tensor, rows: int = EVAL_ROWS) -> Tensor:
     outputs = []
     for start in range(0, len(inputs[0]), rows):
         part = [x[start:start + rows] for x in inputs]
-        n = len(part[0])
-        fill = torch.zeros(rows - n, dtype=torch.long, device=part[0].device)
-        outputs.append(encode(*(torch.cat([x, x[fill]]) for x in part))[:n])
+        outputs.append(encode(*(fill_to(rows, x) for x in part))[:len(part[0])])
     return torch.cat(outputs)
 
 

@@ -134,39 +134,32 @@ def build_backbones(target: Path, records: list[Record], languages: list[str],
     if (target / SUMMARY).exists():
         return target
     with isolate_rng():
-        _build(target, records, languages, tokenizer, max_length, image_root, transform, recipe,
-               check)
-    return target
-
-
-def _build(target: Path, records: list[Record], languages: list[str], tokenizer: Tokenizer,
-           max_length: int, image_root: Path, transform: ImageTransform, recipe: BackboneRecipe,
-           check: list[Record] | None) -> None:
-    started = time.perf_counter()
-    staging = target.with_name(f".{target.name}.{os.getpid()}")
-    shutil.rmtree(staging, ignore_errors=True)
-    (staging / "image").mkdir(parents=True)
-    text_model, mlm_loss = pretrain_text(records, languages, tokenizer, max_length, recipe.text,
-                                         recipe.seed)
-    text_seconds = time.perf_counter() - started
-    text_model.roberta.save_pretrained(staging / TEXT_DIR)
-    save_tokenizer(tokenizer, staging / TEXT_DIR)
-    image_model, f1 = pretrain_image(records, image_root, transform, recipe.image, recipe.seed)
-    torch.save(image_model.state_dict(), staging / IMAGE_FILE)
-    summary = {
-        "recipe": asdict(recipe), "languages": languages, "pretrain_records": len(records),
-        "text_mlm_loss": round(mlm_loss, 4), "image_label_f1": round(f1, 4),
-        "text_seconds": round(text_seconds, 1),
-        "total_seconds": round(time.perf_counter() - started, 1),
-    }
-    if check and "en" in languages and len(languages) > 1:
-        summary["translation_preference"] = round(
-            translation_preference(text_model.roberta, tokenizer, check, languages, max_length), 4)
-    (staging / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
-    try:
-        os.replace(staging, target)
-    except OSError:  # another process finished the same build first
+        started = time.perf_counter()
+        staging = target.with_name(f".{target.name}.{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
+        (staging / "image").mkdir(parents=True)
+        text_model, mlm_loss = pretrain_text(records, languages, tokenizer, max_length, recipe.text,
+                                             recipe.seed)
+        text_seconds = time.perf_counter() - started
+        text_model.roberta.save_pretrained(staging / TEXT_DIR)
+        save_tokenizer(tokenizer, staging / TEXT_DIR)
+        image_model, f1 = pretrain_image(records, image_root, transform, recipe.image, recipe.seed)
+        torch.save(image_model.state_dict(), staging / IMAGE_FILE)
+        summary = {
+            "recipe": asdict(recipe), "languages": languages, "pretrain_records": len(records),
+            "text_mlm_loss": round(mlm_loss, 4), "image_label_f1": round(f1, 4),
+            "text_seconds": round(text_seconds, 1),
+            "total_seconds": round(time.perf_counter() - started, 1),
+        }
+        if check and "en" in languages and len(languages) > 1:
+            summary["translation_preference"] = round(
+                translation_preference(text_model.roberta, tokenizer, check, languages, max_length), 4)
+        (staging / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
+        try:
+            os.replace(staging, target)
+        except OSError:  # another process finished the same build first
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:

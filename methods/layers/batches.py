@@ -34,15 +34,19 @@ def sample_one_language(present: Tensor) -> Tensor:
     return torch.multinomial(present.float(), 1).squeeze(1)
 
 
+def fill_to(rows: int, tensor: Tensor) -> Tensor:
+    """``tensor`` filled up to ``rows`` rows with copies of its first row (as it is when already
+    that long): one shape for every call, whose extra outputs the caller drops."""
+    fill = torch.zeros(max(rows - len(tensor), 0), dtype=torch.long, device=tensor.device)
+    return torch.cat([tensor, tensor[fill]])
+
+
 def fill_rows(batch: dict[str, Any], rows: int | None) -> dict[str, Any]:
-    """``batch`` with every tensor filled up to ``rows`` rows by copies of its first row (a batch
-    already that long, or ``rows`` None, comes back as it is)."""
-    count = len(batch["index"])
-    if rows is None or count >= rows:
+    """``batch`` with every tensor filled up to ``rows`` rows (``fill_to``); ``rows`` None, or a
+    batch already that long, comes back as it is."""
+    if rows is None or len(batch["index"]) >= rows:
         return batch
-    fill = torch.zeros(rows - count, dtype=torch.long, device=batch["index"].device)
-    return {key: torch.cat([value, value[fill]]) if torch.is_tensor(value) else value
-            for key, value in batch.items()}
+    return {key: fill_to(rows, value) if torch.is_tensor(value) else value for key, value in batch.items()}
 
 
 def first_rows(value: Tensor | Mapping[str, Tensor] | None, count: int):
