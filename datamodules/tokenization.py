@@ -63,7 +63,7 @@ class OfflineTokenizer:
             self.raw.enable_truncation(max_length)
             self.raw.enable_padding(pad_id=self.pad_token_id, pad_token="<pad>", length=max_length)
             self._length = max_length
-        encodings = self.raw.encode_batch(list(texts))
+        encodings = self.raw.encode_batch_fast(list(texts))  # ids only: no character offsets
         return {
             "input_ids": torch.tensor([e.ids for e in encodings], dtype=torch.long),
             "attention_mask": torch.tensor([e.attention_mask for e in encodings], dtype=torch.long),
