@@ -15,7 +15,7 @@ from omegaconf import OmegaConf
 from transformers import AutoModel, XLMRobertaConfig, XLMRobertaModel
 
 from datamodules.datamodule import CCRDataModule
-from datamodules.synthetic import backbones, load_split
+from datamodules.synthetic import backbones, load_split, pretrain_text
 from methods.layers.encoders import ImageEncoder, TextEncoder
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments/configs/data/synthetic.yaml"
@@ -59,6 +59,19 @@ def test_text_encoder_puts_a_caption_nearer_its_translation(dm):
     untrained = XLMRobertaModel(XLMRobertaConfig.from_pretrained(text_folder(dm))).eval()
     chance = backbones.translation_preference(untrained, dm.tokenizer, val, LANGUAGES, 32)
     assert pretrained >= PREFERENCE_THRESHOLD > chance
+
+
+def test_text_backbone_pretrains_at_the_recipes_dropout_and_saves_xlmrs(dm):
+    """Dropout-free pretraining is a build-time choice; whoever fine-tunes the saved model gets
+    XLM-R's dropout from its config."""
+    recipe = backbones.BackboneRecipe.from_config(OmegaConf.to_container(dm.cfg.backbones)).text
+    model = pretrain_text.build_text_model(recipe, dm.tokenizer, 32)
+    rates = {m.p for m in model.modules() if isinstance(m, torch.nn.Dropout)}
+    assert recipe.dropout == 0.0 and rates == {0.0}
+    saved = XLMRobertaConfig.from_pretrained(text_folder(dm))
+    assert saved.hidden_dropout_prob == saved.attention_probs_dropout_prob == 0.1
+    loaded = TextEncoder(f"hf:{text_folder(dm)}").backbone.model
+    assert {m.p for m in loaded.modules() if isinstance(m, torch.nn.Dropout)} == {0.1}
 
 
 def test_text_backbone_loads_through_hf_path_and_world_name(dm):
