@@ -114,6 +114,7 @@ def aggregate(results: list[dict]) -> list[dict]:
             "mark": _protocol_mark(used[0]),
             "seeds": sorted(m["seed"] for m in used),
             "duplicates": duplicates,
+            "commits": _seeds_by_commit(used),
             "languages": used[0].get("languages", []),
             "external": used[0].get("external"),
             "stats": stats,
@@ -127,6 +128,15 @@ def aggregate(results: list[dict]) -> list[dict]:
     for row in rows:
         del row["_members"]
     return sorted(rows, key=lambda r: (r["data"], -r["stats"].get("mR", (0.0, 0.0))[0]))
+
+
+def _seeds_by_commit(runs: list[dict]) -> dict[str, list]:
+    """The seeds each recorded code commit produced: a row whose seeds come from more than one
+    commit has the same settings but perhaps not the same code, and its note says so."""
+    seeds: dict[str, list] = defaultdict(list)
+    for run in runs:
+        seeds[str(run.get("git_commit") or "unrecorded")[:8]].append(run["seed"])
+    return {commit: sorted(found) for commit, found in sorted(seeds.items())}
 
 
 def _cell(row: dict, name: str, digits: int = 2) -> str:
@@ -167,6 +177,12 @@ def _notes(group: list[dict]) -> list[str]:
             notes.append(f"- {r['method']} ({r['settings'] or r['config_fingerprint']}): seed {seed} "
                          f"ran {len(run_ids)} times ({', '.join(map(str, run_ids))}); the mean "
                          f"uses the newest, {run_ids[0]}.")
+        if len(r["commits"]) > 1:
+            made = "; ".join(f"seed {','.join(map(str, seeds))} at {commit}"
+                             for commit, seeds in r["commits"].items())
+            notes.append(f"- {r['method']} ({r['settings'] or r['config_fingerprint']}): its seeds "
+                         f"ran on different code ({made}); same settings, but check the commits "
+                         "before reading the spread as seed variance.")
     marks = {r["mark"] for r in group}
     if OTHER_PROTOCOL in marks:
         notes.append(f"- {OTHER_PROTOCOL} scored under another metric protocol than the suite's "

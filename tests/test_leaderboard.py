@@ -25,7 +25,7 @@ def _config(seed=0, **settings):
 
 
 def _write(path, method, seed, mr, data="synthetic", split="test", scorer="itc",
-           protocol=METRIC_PROTOCOL, config=None, mtime=None, **metrics):
+           protocol=METRIC_PROTOCOL, config=None, mtime=None, git_commit=None, **metrics):
     path.mkdir(parents=True, exist_ok=True)
     config = config or _config(seed)
     record = {
@@ -36,6 +36,8 @@ def _write(path, method, seed, mr, data="synthetic", split="test", scorer="itc",
     }
     if protocol is not None:
         record["metric_protocol"] = protocol
+    if git_commit is not None:
+        record["git_commit"] = git_commit
     (path / "metrics.json").write_text(json.dumps(record))
     if mtime is not None:
         os.utime(path / "metrics.json", (mtime, mtime))
@@ -101,6 +103,20 @@ def test_the_same_seed_twice_is_reported_not_averaged(tmp_path):
     assert rows[0]["duplicates"] == {0: ["again", "first"]}
     markdown = (tmp_path / "out" / "leaderboard.md").read_text()
     assert "seed 0 ran 2 times (again, first); the mean uses the newest, again." in markdown
+
+
+def test_a_row_whose_seeds_ran_on_different_commits_says_so(tmp_path):
+    runs = tmp_path / "runs"
+    for seed, commit in enumerate(["aaaaaaaa11", "aaaaaaaa11", "bbbbbbbb22"]):
+        _write(runs / f"s{seed}", "clip", seed, 40.0 + seed, config=_config(seed), git_commit=commit)
+    rows = build(runs, tmp_path / "out")
+    assert rows[0]["commits"] == {"aaaaaaaa": [0, 1], "bbbbbbbb": [2]}
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "its seeds ran on different code (seed 0,1 at aaaaaaaa; seed 2 at bbbbbbbb)" in markdown
+    for seed in range(3):  # one commit: no note
+        _write(runs / f"s{seed}", "clip", seed, 40.0 + seed, config=_config(seed), git_commit="aaaaaaaa11")
+    build(runs, tmp_path / "out")
+    assert "different code" not in (tmp_path / "out" / "leaderboard.md").read_text()
 
 
 def test_rows_scored_under_another_metric_protocol_are_marked(tmp_path):
