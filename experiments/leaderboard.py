@@ -167,6 +167,11 @@ def _method_cell(row: dict) -> str:
     return row["method"] + row["mark"] + (f" ({marker})" if marker else "")
 
 
+def _row_label(row: dict) -> str:
+    """A row as its notes name it: the method and what sets the row apart (or its fingerprint)."""
+    return f"{row['method']} ({row['settings'] or row['config_fingerprint']})"
+
+
 def _notes(group: list[dict]) -> list[str]:
     notes = []
     if any(r.get("external") for r in group):
@@ -174,13 +179,13 @@ def _notes(group: list[dict]) -> list[str]:
                      "(`make eval MODEL=...`), not trained by the suite; the tag names its weights.")
     for r in group:
         for seed, run_ids in r["duplicates"].items():
-            notes.append(f"- {r['method']} ({r['settings'] or r['config_fingerprint']}): seed {seed} "
+            notes.append(f"- {_row_label(r)}: seed {seed} "
                          f"ran {len(run_ids)} times ({', '.join(map(str, run_ids))}); the mean "
                          f"uses the newest, {run_ids[0]}.")
         if len(r["commits"]) > 1:
             made = "; ".join(f"seed {','.join(map(str, seeds))} at {commit}"
                              for commit, seeds in r["commits"].items())
-            notes.append(f"- {r['method']} ({r['settings'] or r['config_fingerprint']}): its seeds "
+            notes.append(f"- {_row_label(r)}: its seeds "
                          f"ran on different code ({made}); same settings, but check the commits "
                          "before reading the spread as seed variance.")
     marks = {r["mark"] for r in group}
