@@ -205,21 +205,38 @@ class CCRDataModule(L.LightningDataModule):
                     f"data '{self.cfg.name}' has no {role} split (data.splits.{role} is null)"
                 )
             if self.is_synthetic:
-                raw = synthetic.load_split(
-                    synthetic.build_world(self.cfg.root, self._world_knobs()), split
-                )
+                self._records[role] = self._world_split(self._world_knobs(), split)
             else:
-                raw = read_dataset(self.cfg.name, self.cfg.root, split)
-            kept, report = validate(
-                raw,
-                languages=self.languages,
-                source=f"{self.cfg.name}/{split}",
-                image_root=self.image_root,
-                on_missing_image=self.cfg.on_missing_image,
-            )
-            rank_zero_info(report.summary())
-            self._records[role] = kept
+                self._records[role] = self._validated(
+                    read_dataset(self.cfg.name, self.cfg.root, split), split, self.image_root
+                )
         return self._records[role]
+
+    def _world_split(self, knobs: synthetic.WorldKnobs, split: str) -> list[Record]:
+        world = synthetic.build_world(self.cfg.root, knobs)
+        return self._validated(synthetic.load_split(world, split), split, world / "images")
+
+    def _validated(self, raw: list[Record], split: str, image_root: Path) -> list[Record]:
+        kept, report = validate(
+            raw,
+            languages=self.languages,
+            source=f"{self.cfg.name}/{split}",
+            image_root=image_root,
+            on_missing_image=self.cfg.on_missing_image,
+        )
+        rank_zero_info(report.summary())
+        return kept
+
+    def _tokenizer_records(self) -> list[Record]:
+        """Whose captions the offline tokenizer learns: the train split's, for a synthetic world its
+        clean twin's (``WorldKnobs.clean``), so that translation noise or weak alignment changes
+        the training captions but not the vocabulary, nor the backbones pretrained with it."""
+        if not self.is_synthetic:
+            return self.records("train")
+        knobs = self._world_knobs()
+        if knobs.clean() == knobs:
+            return self.records("train")
+        return self._world_split(knobs.clean(), self.cfg.splits.train)
 
     # ---- Lightning hooks ----------------------------------------------------------------------
     def prepare_data(self) -> None:
@@ -259,21 +276,27 @@ class CCRDataModule(L.LightningDataModule):
         recipe = backbones.BackboneRecipe.from_config(
             OmegaConf.to_container(self.cfg.backbones, resolve=True)
         )
-        world = synthetic.build_world(self.cfg.root, self._world_knobs())
-        tokenizer = self._build_tokenizer()
+        knobs = self._world_knobs().clean()  # the pretrain split does not depend on the corruptions
+        world = synthetic.build_world(self.cfg.root, knobs)
+        target = self.backbones_dir(recipe)
+        if not (target / backbones.SUMMARY).exists():
+            rank_zero_info(f"building the world's pretrained backbones in {target}")
+            pretrain = synthetic.build_pretrain(world, knobs)
+            backbones.build_backbones(
+                target, synthetic.load_split(pretrain, synthetic.PRETRAIN), self.languages,
+                self._build_tokenizer(), int(self.cfg.max_length), pretrain / "images",
+                self._transform(), recipe, check=synthetic.load_split(world, "val"),
+            )
+        return backbones.encoder_specs(target, recipe, int(self.cfg.image_size))
+
+    def backbones_dir(self, recipe: backbones.BackboneRecipe) -> Path:
+        """Where the synthetic world's backbones for ``recipe`` live, built or not: keyed by the
+        clean world, the tokenizer and the data settings the encoders depend on."""
+        world = synthetic.world_dir(self.cfg.root, self._world_knobs().clean())
         settings = {"languages": self.languages, "image_size": int(self.cfg.image_size),
                     "image_mean": list(self.cfg.image_mean), "image_std": list(self.cfg.image_std),
                     "max_length": int(self.cfg.max_length)}
-        target = backbones.backbone_dir(self.cfg.root, world, tokenizer, settings, recipe)
-        if not (target / backbones.SUMMARY).exists():
-            rank_zero_info(f"building the world's pretrained backbones in {target}")
-            pretrain = synthetic.build_pretrain(world, self._world_knobs())
-            backbones.build_backbones(
-                target, synthetic.load_split(pretrain, synthetic.PRETRAIN), self.languages,
-                tokenizer, int(self.cfg.max_length), pretrain / "images", self._transform(), recipe,
-                check=synthetic.load_split(world, "val"),
-            )
-        return backbones.encoder_specs(target, recipe, int(self.cfg.image_size))
+        return backbones.backbone_dir(self.cfg.root, world, self._build_tokenizer(), settings, recipe)
 
     def _build_tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
@@ -281,7 +304,7 @@ class CCRDataModule(L.LightningDataModule):
             if self.cfg.tokenizer.name == OFFLINE:
                 corpus = [
                     t
-                    for r in self.records("train")
+                    for r in self._tokenizer_records()
                     for lang in self.languages
                     for t in r.captions.get(lang, [])
                 ]

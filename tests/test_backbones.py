@@ -194,3 +194,24 @@ def test_building_the_backbones_leaves_the_global_random_state_alone(dm, tmp_pat
     L.seed_everything(7, verbose=False)
     dict(fresh.info.backbones)  # builds them now
     assert global_draws() == expected
+
+
+@pytest.mark.parametrize("corruption", [{"mt_noise": 0.5}, {"weak_fraction": 0.5}])
+def test_caption_corruptions_leave_the_tokenizer_and_backbones_alone(dm, monkeypatch, corruption):
+    """Translation noise and weak alignment are the CL2CM and RC3 experiments' variables: a world
+    with them must differ from the clean one in its training captions only, not in a vocabulary
+    learnt from the corrupted captions or in backbones pretrained with that vocabulary."""
+    def refuse(*args, **kwargs):
+        raise AssertionError("the backbones were rebuilt")
+
+    expected = dict(dm.info.backbones)  # built (or found) for the clean world
+    noisy = CCRDataModule(OmegaConf.merge(dm.cfg, {"synthetic": corruption}))
+    noisy.prepare_data()
+    noisy.setup("fit")
+    clean_train, noisy_train = dm.records("train"), noisy.records("train")
+    assert [r.id for r in noisy_train] == [r.id for r in clean_train]
+    assert any(a.captions != b.captions for a, b in zip(clean_train, noisy_train))
+    assert backbones.tokenizer_digest(noisy.tokenizer) == backbones.tokenizer_digest(dm.tokenizer)
+    monkeypatch.setattr(backbones, "pretrain_text", refuse)
+    monkeypatch.setattr(backbones, "pretrain_image", refuse)
+    assert dict(noisy.info.backbones) == expected

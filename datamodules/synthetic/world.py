@@ -18,7 +18,7 @@ import os
 import random
 import shutil
 from collections.abc import Mapping
-from dataclasses import asdict, astuple, dataclass, field, fields
+from dataclasses import asdict, astuple, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -78,6 +78,12 @@ class WorldKnobs:
                 f"synthetic.max_objects must be 1..{len(POSITIONS)} (one object per region)"
             )
         return knobs
+
+    def clean(self) -> WorldKnobs:
+        """The same world without its training-caption corruptions (translation noise, weak
+        alignment). Its train captions are what the offline tokenizer learns, and so what the
+        backbones are built on: those two knobs then change the training captions and nothing else."""
+        return replace(self, mt_noise=0.0, weak_fraction=0.0)
 
     def size(self, split: str) -> int:
         return {
