@@ -25,6 +25,9 @@ class SignalAtBatch(Callback):
 
 def main() -> None:
     sig, at, *overrides = sys.argv[1:]
+    # A shell without job control starts background commands with SIGINT ignored, and Python then
+    # never raises KeyboardInterrupt: give the run the handler a terminal's Ctrl-C meets.
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     build = train_module.build_trainer
 
     def build_with_signal(*args, callbacks=(), **kwargs):
