@@ -278,7 +278,10 @@ class CCRDataModule(L.LightningDataModule):
         )
         knobs = self._world_knobs().clean()  # the pretrain split does not depend on the corruptions
         world = synthetic.build_world(self.cfg.root, knobs)
-        target = self.backbones_dir(recipe)
+        settings = {"languages": self.languages, "image_size": int(self.cfg.image_size),
+                    "image_mean": list(self.cfg.image_mean), "image_std": list(self.cfg.image_std),
+                    "max_length": int(self.cfg.max_length)}
+        target = backbones.backbone_dir(self.cfg.root, world, self._build_tokenizer(), settings, recipe)
         if not (target / backbones.SUMMARY).exists():
             rank_zero_info(f"building the world's pretrained backbones in {target}")
             pretrain = synthetic.build_pretrain(world, knobs)
@@ -288,15 +291,6 @@ class CCRDataModule(L.LightningDataModule):
                 self._transform(), recipe, check=synthetic.load_split(world, "val"),
             )
         return backbones.encoder_specs(target, recipe, int(self.cfg.image_size))
-
-    def backbones_dir(self, recipe: backbones.BackboneRecipe) -> Path:
-        """Where the synthetic world's backbones for ``recipe`` live, built or not: keyed by the
-        clean world, the tokenizer and the data settings the encoders depend on."""
-        world = synthetic.world_dir(self.cfg.root, self._world_knobs().clean())
-        settings = {"languages": self.languages, "image_size": int(self.cfg.image_size),
-                    "image_mean": list(self.cfg.image_mean), "image_std": list(self.cfg.image_std),
-                    "max_length": int(self.cfg.max_length)}
-        return backbones.backbone_dir(self.cfg.root, world, self._build_tokenizer(), settings, recipe)
 
     def _build_tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:
