@@ -46,6 +46,7 @@ from methods.layers.euclidean_contrastive import (
 )
 from methods.layers.heads import MLMHead, ProjectionHead
 from methods.layers.masking import IGNORE_INDEX, maskable_positions
+from methods.layers.regions import GridRegions
 from methods.layers.seq2seq import SingleStreamSeq2Seq
 from methods.registry import register
 
@@ -148,9 +149,12 @@ class RC3(RetrievalModule):
         super().__init__(method, optim, data, evaluation)
         self.settings = resolve_settings(self.method_cfg)
         cfg, data = self.settings, self.data_info
+        reads_regions = cfg.visual.strict_input != "patch"
+        self.regions = (GridRegions.from_config(cfg.visual.regions, data)
+                        if reads_regions and cfg.visual.regions is not None else None)
+        roi_dim = (self.regions.dim if self.regions is not None else cfg.visual.roi_dim) if reads_regions else None
         self.net = SingleStreamSeq2Seq(cfg.backbone, data.languages, data.vocab_size,
-                                       data.pad_token_id, data.cls_token_id, data.eos_token_id,
-                                       None if cfg.visual.strict_input == "patch" else cfg.visual.roi_dim)
+                                       data.pad_token_id, data.cls_token_id, data.eos_token_id, roi_dim)
         d = self.net.d_model
         self.itm_head = nn.Linear(d, 1)
         self.mlm_head = MLMHead(d, self.net.vocab_size, tie_to=self.net.model.shared)
@@ -160,8 +164,11 @@ class RC3(RetrievalModule):
         self.probe_text = ProjectionHead(d, cfg.first_stage.dim)
         self.parallel_batches = None  # the XTCL stream, attached on the first training step
         self._eval_split = "val"
-        if cfg.visual.strict_input == "patch":
+        if not reads_regions:
             rank_zero_info("rc3: patch-only visual input (RC3-Patch); no ROI features are used")
+        elif self.regions is not None:
+            rank_zero_info(f"rc3: {cfg.visual.strict_input} input; ROI features are grid pseudo-ROIs "
+                           f"of the frozen image backbone {cfg.visual.regions.name!r} (spec §2.8)")
 
     # ---- inputs ---------------------------------------------------------------------------------
 
@@ -171,19 +178,27 @@ class RC3(RetrievalModule):
                 *self.net.tag_ids.values(), *self.net.special_ids.values()]
 
     def strict_visual(self, triplets: Triplets) -> Tensor:
-        """Visual tokens of strict triplets: patches, ROI features, or both (``visual.strict_input``)."""
+        """Visual tokens of strict triplets (``visual.strict_input``)."""
+        return self.visual_tokens(triplets.images, triplets.roi)
+
+    def visual_tokens(self, images: Tensor, roi: Tensor | None = None) -> Tensor:
+        """Patches, ROI features or both (``visual.strict_input``). ROI features are the batch's
+        own (``roi``, a dataset that ships them) or else the frozen backbone's grid regions."""
         kind = self.settings.visual.strict_input
         if kind == "patch":
-            return self.net.visual.patches(triplets.images)
-        if triplets.roi is None:
-            raise ValueError(
-                f"method.visual.strict_input={kind} needs precomputed ROI features (batch key "
-                f"'roi_features'), which this data does not ship; use strict_input=patch (RC3-Patch)"
-            )
-        rois = self.net.visual.rois(triplets.roi)
+            return self.net.visual.patches(images)
+        if roi is None:
+            if self.regions is None:
+                raise ValueError(
+                    f"method.visual.strict_input={kind} needs ROI features: a batch key "
+                    f"'roi_features', or method.visual.regions naming a frozen image backbone "
+                    f"(spec §2.8); or use strict_input=patch (RC3-Patch)"
+                )
+            roi = self.regions(images)
+        rois = self.net.visual.rois(roi)
         if kind == "roi":
             return rois
-        return self.net.combined_tokens(rois, self.net.visual.patches(triplets.images))
+        return self.net.combined_tokens(rois, self.net.visual.patches(images))
 
     def tag(self, ids: Tensor, mask: Tensor, language: str) -> Tensor:
         return self.net.tag_source(ids, mask, language)
@@ -372,10 +387,8 @@ class RC3(RetrievalModule):
         super().validation_step(batch, batch_idx, dataloader_idx)
 
     def eval_visual(self, images: Tensor) -> Tensor:
-        if self.settings.visual.strict_input != "patch":
-            raise ValueError("rc3 evaluation reads patches only; ROI evaluation needs ROI features "
-                             "in the evaluation batches, which no dataset ships yet")
-        return self.net.visual.patches(images)
+        """Visual tokens of evaluation images, the input kind of strict training triplets."""
+        return self.visual_tokens(images)
 
     def encode_images(self, images: Tensor) -> Tensor:
         return in_fixed_shape(lambda x: self.probe_image(self.image_only_features(self.eval_visual(x))),

@@ -25,7 +25,8 @@ class Info:
 
 
 TINY = ["method.backbone.d_model=32", "method.backbone.heads=2", "method.backbone.ffn_dim=64",
-        "method.backbone.dropout=0.0", "method.first_stage.dim=16", "method.visual.roi_dim=8"]
+        "method.backbone.dropout=0.0", "method.first_stage.dim=16", "method.visual.roi_dim=8",
+        "method.visual.strict_input=patch", "method.visual.regions=null"]
 
 
 def config(*overrides):

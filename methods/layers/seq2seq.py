@@ -62,7 +62,8 @@ def build_mbart(backbone: Mapping[str, Any], vocab_size: int, pad_token_id: int,
         encoder_ffn_dim=backbone["ffn_dim"], decoder_ffn_dim=backbone["ffn_dim"],
         max_position_embeddings=backbone["max_positions"], dropout=backbone["dropout"],
         attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0,
-        decoder_layerdrop=0.0, scale_embedding=True, pad_token_id=pad_token_id,
+        decoder_layerdrop=0.0, scale_embedding=True, init_std=backbone["init_std"],
+        pad_token_id=pad_token_id,
         bos_token_id=bos_token_id, eos_token_id=eos_token_id,
     )
     return MBartModel(config)
