@@ -6,10 +6,11 @@ import copy
 
 import pytest
 import torch
-from rc3_helpers import B, LANGUAGES, Info, build, parallel_batch, train_batch
+from omegaconf import open_dict
+from rc3_helpers import B, LANGUAGES, Info, build, config, parallel_batch, train_batch
 
 from methods.layers.seq2seq import Encoded
-from methods.rc3 import mask_content
+from methods.rc3 import RC3, mask_content
 
 WEAK = [i % 2 == 1 for i in range(B)]
 
@@ -143,6 +144,47 @@ def test_roi_input_without_features_is_a_clear_error():
     module = build("method.visual.strict_input=roi")
     with pytest.raises(ValueError, match="roi_features"):
         seeded_losses(module, train_batch())
+
+
+def with_tiny_regions():
+    """RC3-ROI whose regions come from a random tiny ViT (width 8, 16 px images: 4 regions)."""
+    cfg = config("method.visual.strict_input=roi")
+    with open_dict(cfg):
+        cfg.method.visual.regions = {"name": "tiny", "width": 8, "layers": 1, "heads": 2}
+    torch.manual_seed(0)
+    return RC3(cfg.method, cfg.optim, Info(), cfg.evaluation)
+
+
+def test_grid_regions_stand_in_for_missing_roi_features_and_never_train():  # §2.8 (2)
+    module = with_tiny_regions()
+    frozen = {n for n, _ in module.regions.named_parameters()}
+    assert frozen and not any(p.requires_grad for p in module.regions.parameters())
+    module.train()
+    assert not module.regions.training  # no dropout / batch statistics in the frozen backbone
+    before = {n: p.clone() for n, p in module.regions.state_dict().items()}
+    losses = seeded_losses(module, train_batch(weak=WEAK))
+    module.total_loss(losses).backward()
+    assert all(p.grad is None for p in module.regions.parameters())
+    assert module.net.visual.roi_proj.weight.grad is not None  # the regions fed the strict pool
+    assert all(torch.equal(before[n], t) for n, t in module.regions.state_dict().items())
+    images = train_batch()["images"][:2]
+    regions = module.regions(images)
+    assert regions.shape == (2, (16 // 8) ** 2, 8)  # one region per patch, the global token dropped
+    assert torch.equal(module.eval_visual(images), module.net.visual.rois(regions))  # evaluation too
+
+
+def test_shipped_roi_features_win_over_grid_regions():
+    module = with_tiny_regions()
+    batch = train_batch()
+    batch["roi_features"] = torch.randn(B, 3, 8)
+    calls = []
+    module.regions.register_forward_hook(lambda *args: calls.append(1))
+    seen = []
+    encode = module.net.encode
+    module.net.encode = lambda ids, mask, visual=None, visual_mask=None: (
+        seen.append(None if visual is None else visual.shape[1]) or encode(ids, mask, visual, visual_mask))
+    seeded_losses(module, batch)
+    assert not calls and 3 in seen
 
 
 def test_language_tag_is_last_real_token_and_states_read_at_index_zero():  # §9.12
