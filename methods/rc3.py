@@ -164,6 +164,10 @@ class RC3(RetrievalModule):
         self.probe_text = ProjectionHead(d, cfg.first_stage.dim)
         self.parallel_batches = None  # the XTCL stream, attached on the first training step
         self._eval_split = "val"
+        if cfg.visual.strict_input == "roi" and not (cfg.use_rxvtcl and cfg.use_weak):
+            # nothing reads raw-pixel patches: keep the patch pathway out of training (and of DDP)
+            self.net.visual.patch_embed.requires_grad_(False)
+            self.net.visual.patch_proj.requires_grad_(False)
         if not reads_regions:
             rank_zero_info("rc3: patch-only visual input (RC3-Patch); no ROI features are used")
         elif self.regions is not None:
@@ -304,8 +308,8 @@ class RC3(RetrievalModule):
         diagnostic that is already inside ``rxvtcl``.
 
         Every process runs the same computations and collectives in the same order whatever its
-        rows: a pool it lacks runs on ``Triplets.placeholder``; the weak pool is skipped only when
-        no process has weak rows. Each loss is this process's share of the global-batch mean."""
+        rows: a pool it lacks runs on ``Triplets.placeholder`` (the weak pool too when no process
+        has a weak row). Each loss is this process's share of the global-batch mean."""
         cfg = self.settings
         weak = batch.get("alignment_weak")
         weak = torch.zeros(len(batch["images"]), dtype=torch.bool) if weak is None else weak.bool()
@@ -325,15 +329,17 @@ class RC3(RetrievalModule):
         if cfg.use_rxvtcl:
             rxvtcl = term_s.loss
             if cfg.use_weak:
+                # Runs on stand-in rows even where no process has a weak row (an exact zero): with
+                # ROI strict input the patch pathway is read only here, and DDP needs every
+                # trained parameter in every step's graph.
                 weak_t = self.pool(batch, weak)
                 weak_layout = row_layout(weak_t.real, device)
-                if weak_layout.total:
-                    term_w, _ = self.contrastive_source(weak_t, self.net.visual.patches(weak_t.images),
-                                                        alpha, weak_layout, regularise=cfg.use_kl)
-                    rxvtcl = rxvtcl + term_w.loss
-                    raws.append(term_w.raw)
-                    if term_w.kl is not None:
-                        losses["kl"] = term_w.kl
+                term_w, _ = self.contrastive_source(weak_t, self.net.visual.patches(weak_t.images),
+                                                    alpha, weak_layout, regularise=cfg.use_kl)
+                rxvtcl = rxvtcl + term_w.loss
+                raws.append(term_w.raw)
+                if term_w.kl is not None:
+                    losses["kl"] = term_w.kl
             losses["rxvtcl"] = rxvtcl
             self.update_tracker(self.vt_tracker, torch.cat(raws))
         if cfg.use_xtcl:

@@ -146,9 +146,9 @@ def test_roi_input_without_features_is_a_clear_error():
         seeded_losses(module, train_batch())
 
 
-def with_tiny_regions():
+def with_tiny_regions(*overrides):
     """RC3-ROI whose regions come from a random tiny ViT (width 8, 16 px images: 4 regions)."""
-    cfg = config("method.visual.strict_input=roi")
+    cfg = config("method.visual.strict_input=roi", *overrides)
     with open_dict(cfg):
         cfg.method.visual.regions = {"name": "tiny", "width": 8, "layers": 1, "heads": 2}
     torch.manual_seed(0)
@@ -171,6 +171,20 @@ def test_grid_regions_stand_in_for_missing_roi_features_and_never_train():  # §
     regions = module.regions(images)
     assert regions.shape == (2, (16 // 8) ** 2, 8)  # one region per patch, the global token dropped
     assert torch.equal(module.eval_visual(images), module.net.visual.rois(regions))  # evaluation too
+
+
+@pytest.mark.parametrize("variant", ["full", "no_weak", "no_rxvtcl", "no_rxvtcl_xtcl"])
+def test_every_trained_parameter_gets_a_gradient_without_weak_rows(variant):
+    """DDP (no unused-parameter search) needs each trainable parameter in every step's graph; with
+    ROI input the patch pathway is read by weak triplets only, so a batch without any must still
+    reach it (stand-in rows), and a variant that never reads patches must not train it."""
+    module = with_tiny_regions(f"variant={variant}")
+    losses = seeded_losses(module, train_batch())
+    module.total_loss(losses).backward()
+    missing = [n for n, p in module.named_parameters() if p.requires_grad and p.grad is None]
+    assert not missing
+    patch_trained = module.net.visual.patch_embed.weight.requires_grad
+    assert patch_trained == (variant == "full")
 
 
 def test_shipped_roi_features_win_over_grid_regions():
