@@ -13,8 +13,9 @@ sum of four objectives on their own data pools (§3.5):
   partner triplet; weak triplets (``alignment_weak``) add KL(P_vtr ‖ P_tr) (``methods/layers/
   euclidean_contrastive.py``).
 
-Visual input: patch tokens from raw pixels unless ``method.visual.strict_input`` asks for ROI
-features (a batch key ``roi_features``); weak triplets always use patches. Retrieval is the paper's
+Visual input (``method.visual.strict_input``): ROI features for strict triplets and evaluation,
+read from the batch (``roi_features``) or else the grid regions of a frozen image backbone (spec
+§2.8), or raw-pixel patches (RC3-Patch); weak triplets always use patches. Retrieval is the paper's
 cross-encoder ITM score, applied to each query's top ``evaluation.rerank_k`` candidates of a first
 stage: a linear probe (image-only pass of the encoder, mean visual state; text TR) trained with
 InfoNCE on detached features, so it never changes what RC3 trains.
