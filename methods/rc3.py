@@ -153,7 +153,9 @@ class RC3(RetrievalModule):
         reads_regions = cfg.visual.strict_input != "patch"
         self.regions = (GridRegions.from_config(cfg.visual.regions, data)
                         if reads_regions and cfg.visual.regions is not None else None)
-        roi_dim = (self.regions.dim if self.regions is not None else cfg.visual.roi_dim) if reads_regions else None
+        roi_dim = None  # no ROI projection for RC3-Patch
+        if reads_regions:
+            roi_dim = self.regions.dim if self.regions is not None else cfg.visual.roi_dim
         self.net = SingleStreamSeq2Seq(cfg.backbone, data.languages, data.vocab_size,
                                        data.pad_token_id, data.cls_token_id, data.eos_token_id, roi_dim)
         d = self.net.d_model
