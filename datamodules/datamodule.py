@@ -7,6 +7,7 @@ which of its splits play train/val/test, the languages, and loader/tokenizer set
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +157,18 @@ class EvalView:
         )
 
 
+SPLIT_SLICE = re.compile(r"(?P<name>[^\[\]]+?)(?:\[:(?P<limit>\d+)\])?")
+
+
+def parse_split(spec: str, key: str) -> tuple[str, int | None]:
+    """``"test"`` -> ("test", None); ``"test[:100]"`` -> ("test", 100): the first 100 records, for
+    a scorer too slow for the whole split (its leaderboard row then names the setting)."""
+    match = SPLIT_SLICE.fullmatch(str(spec))
+    if match is None or (match["limit"] is not None and int(match["limit"]) < 1):
+        raise ValueError(f"{key}={spec}: expected a split name, optionally with [:N] (N >= 1)")
+    return match["name"], None if match["limit"] is None else int(match["limit"])
+
+
 class CCRDataModule(L.LightningDataModule):
     """Records -> validated splits -> batches. ``seed`` drives caption sampling choices made here
     (parallel-batch grouping); the synthetic world has its own ``synthetic.seed``."""
@@ -197,19 +210,28 @@ class CCRDataModule(L.LightningDataModule):
         return Path(self.cfg.image_root or self.cfg.root)
 
     def records(self, role: str) -> list[Record]:
-        """Validated records of the split playing ``role`` (train / val / test), read once."""
+        """Validated records of the split playing ``role`` (train / val / test), read once; a
+        ``name[:N]`` split keeps the first N of them."""
         if role not in self._records:
-            split = self.cfg.splits.get(role)
-            if split is None:
+            spec = self.cfg.splits.get(role)
+            if spec is None:
                 raise ValueError(
                     f"data '{self.cfg.name}' has no {role} split (data.splits.{role} is null)"
                 )
+            split, limit = parse_split(spec, f"data.splits.{role}")
             if self.is_synthetic:
-                self._records[role] = self._world_split(self._world_knobs(), split)
+                records = self._world_split(self._world_knobs(), split)
             else:
-                self._records[role] = self._validated(
+                records = self._validated(
                     read_dataset(self.cfg.name, self.cfg.root, split), split, self.image_root
                 )
+            if limit is not None:
+                if limit > len(records):
+                    raise ValueError(f"data.splits.{role}={spec}: the split has only {len(records)} records")
+                rank_zero_info(f"{self.cfg.name}/{split}: data.splits.{role}={spec} keeps the first "
+                               f"{limit} of {len(records)} records")
+                records = records[:limit]
+            self._records[role] = records
         return self._records[role]
 
     def _world_split(self, knobs: synthetic.WorldKnobs, split: str) -> list[Record]:
@@ -236,7 +258,8 @@ class CCRDataModule(L.LightningDataModule):
         knobs = self._world_knobs()
         if knobs.clean() == knobs:
             return self.records("train")
-        return self._world_split(knobs.clean(), self.cfg.splits.train)
+        split, limit = parse_split(self.cfg.splits.train, "data.splits.train")
+        return self._world_split(knobs.clean(), split)[:limit]
 
     # ---- Lightning hooks ----------------------------------------------------------------------
     def prepare_data(self) -> None:

@@ -69,12 +69,19 @@ def _protocol_mark(result: dict) -> str:
     return "" if recorded == METRIC_PROTOCOL else OTHER_PROTOCOL
 
 
+def _sliced_splits(settings: dict | None) -> list[str]:
+    """``data.splits.<role>=name[:N]`` settings: a row scored on part of a split is never
+    comparable with full-split rows, so it always says so, alone in its family or not."""
+    return [k for k, v in (settings or {}).items() if k.startswith("data.splits.") and "[:" in str(v)]
+
+
 def _settings_shown(members_by_row: list[list[dict]]) -> list[str]:
-    """For rows of one family: the settings in which each row differs from the others."""
-    if len(members_by_row) < 2:
-        return [""] * len(members_by_row)
+    """For rows of one family: the settings in which each row differs from the others, and any
+    sliced split."""
     settings = [experiment_settings(m[0]["config"]) if "config" in m[0] else None
                 for m in members_by_row]
+    if len(members_by_row) < 2:
+        return [", ".join(f"{k}={s[k]}" for k in _sliced_splits(s)) for s in settings]
     known = [s for s in settings if s is not None]
     keys = sorted({k for s in known for k in s} if known else set())
     differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in known}) > 1]
@@ -83,7 +90,8 @@ def _settings_shown(members_by_row: list[list[dict]]) -> list[str]:
         if s is None:
             shown.append(f"config {members[0]['config_fingerprint']}")
         else:
-            shown.append(", ".join(f"{k}={s.get(k)}" for k in differing)
+            named = differing + [k for k in _sliced_splits(s) if k not in differing]
+            shown.append(", ".join(f"{k}={s.get(k)}" for k in named)
                          or f"config {members[0]['config_fingerprint']}")
     return shown
 

@@ -134,6 +134,35 @@ def test_eval_view_indexes_every_caption(dm):
     assert dm.tokenizer.decode(first.tolist()) == view.captions[0]
 
 
+def test_a_sliced_split_evaluates_its_first_records_only(dm, tmp_path):
+    """``data.splits.test=test[:4]``: the eval view holds exactly the first 4 test images and their
+    captions (the same texts, relevance block and tokenisation as the full split's)."""
+    cfg = dm.cfg.copy()
+    cfg.splits.test = "test[:4]"
+    sliced = CCRDataModule(cfg, seed=0)
+    sliced.prepare_data()
+    sliced.setup("fit")
+    full, view = dm.eval_view("test"), sliced.eval_view("test")
+    assert view.image_ids == full.image_ids[:4]
+    keep = full.caption_image < 4
+    assert view.captions == [t for t, k in zip(full.captions, keep.tolist()) if k]
+    assert torch.equal(view.caption_image, full.caption_image[keep])
+    assert torch.equal(view.relevance, full.relevance[:4, :4])
+    assert len(sliced.records("train")) == len(dm.records("train"))
+    assert torch.equal(sliced.tokenizer(["a red circle"], 12)["input_ids"], dm.tokenizer(["a red circle"], 12)["input_ids"])
+
+
+@pytest.mark.parametrize("spec, error", [("test[:0]", "N >= 1"), ("test[1:]", "optionally with"),
+                                         ("test[:11]", "has only 10 records")])
+def test_a_bad_split_slice_is_a_one_line_error_naming_the_key(dm, spec, error):
+    cfg = dm.cfg.copy()
+    cfg.splits.test = spec
+    sliced = CCRDataModule(cfg, seed=0)
+    with pytest.raises(ValueError, match=error) as raised:
+        sliced.records("test")
+    assert "data.splits.test=" in str(raised.value) and "\n" not in str(raised.value)
+
+
 def test_val_and_test_loaders_are_image_then_caption_loaders(dm):
     image_loader, caption_loader = dm.val_dataloader()
     assert len(image_loader.dataset) == 6 and len(caption_loader.dataset) == 6 * 6 * 5

@@ -196,3 +196,17 @@ def test_runs_with_other_unimodal_cut_offs_are_their_own_row(tmp_path):
     assert sorted(r["settings"] for r in rows) == ["evaluation.unimodal_ndcg_ks=[10, 20, 50]",
                                                    "evaluation.unimodal_ndcg_ks=[5, 10]"]
     assert leaderboard.unimodal_cutoffs(rows) == [5, 10, 20, 50]
+
+
+def test_a_row_scored_on_part_of_a_split_always_names_the_slice(tmp_path):
+    """Alone in its family, a row has no differing settings to show; a sliced test split must still
+    be shown, or a 100-image score would read as a full-split one."""
+    runs = tmp_path / "runs"
+    sliced = _config(0, data__splits={"test": "test[:100]"})
+    _write(runs / "synthetic" / "ccrk+no_cl" / "s0", "ccrk+no_cl", 0, 55.0, config=sliced)
+    _write(runs / "synthetic" / "ccrk" / "s0", "ccrk", 0, 50.0)
+    _write(runs / "synthetic" / "ccrk" / "part", "ccrk", 0, 52.0, config=sliced)
+    rows = {(r["method"], r["stats"]["mR"][0]): r["settings"] for r in build(runs, tmp_path / "out")}
+    assert rows[("ccrk+no_cl", 55.0)] == "data.splits.test=test[:100]"
+    assert rows[("ccrk", 52.0)] == "data.splits.test=test[:100]"
+    assert rows[("ccrk", 50.0)] == "data.splits.test=test"
