@@ -3,8 +3,9 @@
     python -m experiments.evaluate ckpt=runs/synthetic/ccrk/<run>/checkpoints/last.ckpt evaluation.rerank_k=16
 
 Overrides change evaluation settings (re-ranking depth, split, data root); the result goes to
-``<run>/eval/<name>/metrics.json`` so the leaderboard shows it as its own row when its scorer
-differs. The checkpoint is loaded weights-only and checked before any data is read.
+``<run>/eval/<split>[-first<N>]-<scorer>/metrics.json`` (``-first<N>`` for a sliced split,
+``data.splits.test=test[:N]``), so the leaderboard shows it as its own row when its scorer or split
+differs, and no evaluation overwrites another's record. The checkpoint is loaded weights-only and checked before any data is read.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
+from datamodules.datamodule import parse_split
 from experiments import cli
 from experiments.config import ConfigError, apply_overrides, typed
 from experiments.runs import load_checkpoint, scorer_label, write_metrics
@@ -41,7 +43,8 @@ def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> 
     stage = stages_of(cfg, data)[-1]
     module = stage.build(None)
     module.load_state_dict(state)
-    name = f"{split}-{scorer_label(cfg)}"
+    _, first = parse_split(cfg.data.splits.get(split), f"data.splits.{split}")
+    name = f"{split}{'' if first is None else f'-first{first}'}-{scorer_label(cfg)}"  # never the full split's folder
     trainer = build_trainer(cfg, run_dir, run_dir / "eval" / name)
     loaders = StageData(data, stage)
     if split == "test":

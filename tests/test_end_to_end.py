@@ -153,3 +153,19 @@ def test_a_staged_run_counts_every_step_of_every_stage_after_a_resume(world, tmp
     result = json.loads((runs / "synthetic" / "mclip" / "m" / "metrics.json").read_text())
     assert result["stage_steps"] == {"teacher": 2, "mte_nmt": 2, "mte_ctl": 2, "trikd": 2}
     assert result["train_steps"] == 8 and result["resumed_from_step"] == 1
+
+
+@pytest.mark.slow
+def test_an_evaluation_on_part_of_the_split_gets_its_own_record(uninterrupted):
+    """``data.splits.test=test[:4]`` scores 4 images and writes ``eval/test-first4-itc``; the
+    full-split record beside it is left as it was."""
+    ckpt = Path(uninterrupted["checkpoint"])
+    full = evaluate(ckpt)
+    part = evaluate(ckpt, ["data.splits.test=test[:4]"])
+    evals = ckpt.parents[1] / "eval"
+    full_record = json.loads((evals / "test-itc" / "metrics.json").read_text())
+    part_record = json.loads((evals / "test-first4-itc" / "metrics.json").read_text())
+    assert full_record["metrics"] == full
+    assert part_record["metrics"] == part != full
+    assert part_record["config"]["data"]["splits"]["test"] == "test[:4]"
+    assert part_record["config_fingerprint"] != full_record["config_fingerprint"]
