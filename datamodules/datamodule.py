@@ -35,6 +35,7 @@ from .parallel_batches import parallel_batches
 from .readers import captions_parallel, read_dataset
 from .readers.parallel_text import ParallelText, read_parallel_text
 from .records import Record
+from .roi_features import ImageRois, RoiStore
 from .tokenization import OFFLINE, Tokenizer, build_tokenizer
 from .validation import validate
 
@@ -57,6 +58,10 @@ class DataInfo:
     # encoder settings that a method config's ``name: world`` resolves to ({"text": {...},
     # "image": {...}}); empty unless the data provides pretrained backbones (the synthetic world)
     backbones: Mapping[str, dict] = field(default_factory=dict)
+    # width of the precomputed ROI features the data ships (data.roi_features) and where it was
+    # read (store, image, field); None when it ships none
+    roi_dim: int | None = None
+    roi_store: str | None = None
 
 
 class SeededItems(Dataset):
@@ -134,11 +139,13 @@ class EvalView:
     max_length: int = field(repr=False)
     num_workers: int = field(repr=False)
     mrv_languages: list[str] | None = None  # data.mrv_languages: MRV's languages (None: all)
+    rois: ImageRois | None = field(default=None, repr=False)  # the images' shipped ROI features
 
     def image_loader(self, batch_size: int) -> DataLoader:
-        """Batches ``{"images": [b,3,H,W], "index": [b]}`` in order."""
+        """Batches ``{"images": [b,3,H,W], "index": [b]}`` in order, plus ``roi_features``
+        [b,R,D] / ``roi_mask`` [b,R] when the data ships ROI features."""
         return self._loader(
-            ImageDataset(self.image_paths, self.transform), batch_size, collate_images
+            ImageDataset(self.image_paths, self.transform, self.rois), batch_size, collate_images
         )
 
     def caption_loader(self, batch_size: int) -> DataLoader:
@@ -185,6 +192,8 @@ class CCRDataModule(L.LightningDataModule):
         self._labels: dict[str, int] = {}
         self._parallel: ParallelText | None = None
         self._token_counts: dict[str, int] = {}  # sentence -> tokens, for token-counted batches
+        self._roi_store: RoiStore | None = None
+        self._roi_keys: dict[str, dict[str, str]] = {}  # role -> record id -> ROI store key
 
     # ---- where the data is --------------------------------------------------------------------
     @property
@@ -231,8 +240,39 @@ class CCRDataModule(L.LightningDataModule):
                 rank_zero_info(f"{self.cfg.name}/{split}: data.splits.{role}={spec} keeps the first "
                                f"{limit} of {len(records)} records")
                 records = records[:limit]
+            if self.roi_store is not None:
+                records = self._with_rois(records, role, split)
             self._records[role] = records
         return self._records[role]
+
+    @property
+    def roi_store(self) -> RoiStore | None:
+        """The precomputed ROI features of ``data.roi_features`` (opened once), or None."""
+        path = self.cfg.get("roi_features")
+        if path is not None and self._roi_store is None:
+            self._roi_store = RoiStore(path)
+            rank_zero_info(f"ROI features: {self._roi_store.dim}-wide regions from {path}, "
+                           f"{self.cfg.roi_regions} per image in a batch")
+        return self._roi_store
+
+    def _with_rois(self, records: list[Record], role: str, split: str) -> list[Record]:
+        """The records that have ROI features (the others fail or are skipped and counted, by
+        ``data.on_missing_roi``); their store keys are kept for the loaders."""
+        source = f"{self.cfg.name}/{split}"
+        kept, self._roi_keys[role], skipped = self.roi_store.match(
+            records, source, self.cfg.on_missing_roi
+        )
+        if skipped:
+            rank_zero_info(f"{source}: skipped {len(skipped)} of {len(records)} records without "
+                           f"ROI features in {self.roi_store.source}, e.g. {skipped[:3]}")
+        return kept
+
+    def _image_rois(self, role: str, records: list[Record]) -> ImageRois | None:
+        """The shipped ROI features of ``records`` (of the split playing ``role``), or None."""
+        if self.roi_store is None:
+            return None
+        keys = self._roi_keys[role]
+        return ImageRois(self.roi_store, [keys[r.id] for r in records], int(self.cfg.roi_regions))
 
     def _world_split(self, knobs: synthetic.WorldKnobs, split: str) -> list[Record]:
         world = synthetic.build_world(self.cfg.root, knobs)
@@ -289,6 +329,8 @@ class CCRDataModule(L.LightningDataModule):
             image_size=int(self.cfg.image_size),
             num_objects=len(labels),
             backbones=backbones.LazyBackbones(self._world_backbones),
+            roi_dim=None if self.roi_store is None else self.roi_store.dim,
+            roi_store=None if self.roi_store is None else self.roi_store.describe(),
         )
 
     def _world_backbones(self) -> dict[str, dict]:
@@ -369,7 +411,7 @@ class CCRDataModule(L.LightningDataModule):
             )
         dataset = TrainDataset(
             records, languages, self.image_root, self._transform(), self._labels,
-            parallel=self.captions_parallel,
+            parallel=self.captions_parallel, rois=self._image_rois("train", records),
         )
         if dataset.unaligned:
             rank_zero_info(
@@ -423,6 +465,7 @@ class CCRDataModule(L.LightningDataModule):
                 num_workers=int(self.cfg.num_workers),
                 mrv_languages=None if self.cfg.get("mrv_languages") is None
                 else [str(lang) for lang in self.cfg.mrv_languages],
+                rois=self._image_rois(role, records),
             )
         return self._views[role]
 

@@ -15,7 +15,10 @@ from PIL import Image
 from torch.utils.data import Dataset
 
 from .records import Record
+from .roi_features import ImageRois
 from .tokenization import Tokenizer
+
+ROI_KEYS = ("roi_features", "roi_mask")  # batch keys of a dataset's shipped ROI features
 
 
 class ImageTransform:
@@ -42,6 +45,7 @@ class TrainDataset(Dataset):
     one caption index is drawn per item and every language gives its caption at that index, so
     the K captions are translations of one another. Otherwise, and for a record whose languages
     hold different numbers of captions (``unaligned``), each language draws on its own.
+    ``rois`` (aligned with ``records``) adds each image's shipped ROI features.
     """
 
     def __init__(
@@ -52,8 +56,9 @@ class TrainDataset(Dataset):
         transform: ImageTransform,
         label_index: dict[str, int],
         parallel: bool,
+        rois: ImageRois | None = None,
     ):
-        self.records, self.languages = records, languages
+        self.records, self.languages, self.rois = records, languages, rois
         self.image_root, self.transform, self.label_index = image_root, transform, label_index
         counts = [
             {len(r.captions[lang]) for lang in languages if r.captions.get(lang)} for r in records
@@ -81,7 +86,7 @@ class TrainDataset(Dataset):
                 texts.append(options[shared])
             else:
                 texts.append(options[int(torch.randint(len(options), ()))])
-        return {
+        item = {
             "image": self.transform(self.image_root / record.image),
             "texts": texts,
             "id": record.id,
@@ -92,11 +97,15 @@ class TrainDataset(Dataset):
             ],
             "weak": record.extras.get("alignment") == "weak",
         }
+        if self.rois is not None:
+            item.update(self.rois[index])
+        return item
 
 
 class TrainCollate:
     """Stack a training batch: ``input_ids``/``attention_mask`` [B,K,L], ``present`` [B,K], plus
-    ``objects`` (multi-hot) and ``alignment_weak`` when the data has them."""
+    ``objects`` (multi-hot), ``alignment_weak`` and ``roi_features`` [B,R,D] / ``roi_mask`` [B,R]
+    when the data has them."""
 
     def __init__(
         self,
@@ -135,26 +144,38 @@ class TrainCollate:
             batch["alignment_weak"] = torch.tensor(
                 [item["weak"] for item in items], dtype=torch.bool
             )
-        return batch
+        return batch | stack_rois(items)
+
+
+def stack_rois(items: list[dict]) -> dict[str, torch.Tensor]:
+    """The items' ROI features and masks stacked by key, or nothing when they carry none."""
+    if ROI_KEYS[0] not in items[0]:
+        return {}
+    return {key: torch.stack([item[key] for item in items]) for key in ROI_KEYS}
 
 
 class ImageDataset(Dataset):
-    """Unique images of an evaluation view, each with its index."""
+    """Unique images of an evaluation view, each with its index, and its shipped ROI features
+    when there are ``rois`` (aligned with ``paths``)."""
 
-    def __init__(self, paths: list[Path], transform: ImageTransform):
-        self.paths, self.transform = paths, transform
+    def __init__(self, paths: list[Path], transform: ImageTransform, rois: ImageRois | None = None):
+        self.paths, self.transform, self.rois = paths, transform, rois
 
     def __len__(self) -> int:
         return len(self.paths)
 
-    def __getitem__(self, index: int) -> tuple[torch.Tensor, int]:
-        return self.transform(self.paths[index]), index
+    def __getitem__(self, index: int) -> dict:
+        item = {"image": self.transform(self.paths[index]), "index": index}
+        if self.rois is not None:
+            item.update(self.rois[index])
+        return item
 
 
-def collate_images(items: list[tuple[torch.Tensor, int]]) -> dict:
+def collate_images(items: list[dict]) -> dict:
     return {
-        "images": torch.stack([image for image, _ in items]),
-        "index": torch.tensor([i for _, i in items]),
+        "images": torch.stack([item["image"] for item in items]),
+        "index": torch.tensor([item["index"] for item in items]),
+        **stack_rois(items),
     }
 
 

@@ -108,6 +108,9 @@ class DataConfig:
     synthetic: Optional[Dict[str, Any]] = None
     backbones: Optional[Dict[str, Any]] = None  # the synthetic world's pretrained encoders
     parallel_text: Optional[str] = None  # line-aligned <lang>.txt folder or TSV (parallel corpus)
+    roi_features: Optional[str] = None  # precomputed ROI features: an LMDB or a .npy folder
+    roi_regions: int = bounded(36, minimum=1)  # regions per image in a batch (padded and masked)
+    on_missing_roi: str = "error"
 
 
 @dataclass
@@ -126,7 +129,8 @@ class RunConfig:
     preset: Dict[str, str] = field(default_factory=dict)
 
 
-CHOICES = {"data.on_missing_image": ("error", "skip"), "optim.schedule": ("cosine", "linear")}
+CHOICES = {"data.on_missing_image": ("error", "skip"), "data.on_missing_roi": ("error", "skip"),
+           "optim.schedule": ("cosine", "linear")}
 
 
 def check_bounds(cfg: DictConfig, schema: type = RunConfig, prefix: str = "") -> None:

@@ -14,8 +14,9 @@ sum of four objectives on their own data pools (§3.5):
   euclidean_contrastive.py``).
 
 Visual input (``method.visual.strict_input``): ROI features for strict triplets and evaluation,
-read from the batch (``roi_features``) or else the grid regions of a frozen image backbone (spec
-§2.8), or raw-pixel patches (RC3-Patch); weak triplets always use patches. Retrieval is the paper's
+read from the batch (``roi_features`` with its ``roi_mask``: a dataset's precomputed detector
+features, ``data.roi_features``) or else the grid regions of a frozen image backbone (spec §2.8),
+or raw-pixel patches (RC3-Patch); weak triplets always use patches. Retrieval is the paper's
 cross-encoder ITM score, applied to each query's top ``evaluation.rerank_k`` candidates of a first
 stage: a linear probe (image-only pass of the encoder, mean visual state; text TR) trained with
 InfoNCE on detached features, so it never changes what RC3 trains.
@@ -23,6 +24,7 @@ InfoNCE on detached features, so it never changes what RC3 trains.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from itertools import permutations
 
 import torch
@@ -80,6 +82,29 @@ def mask_content(input_ids: Tensor, attention_mask: Tensor, mask_token_id: int,
     return input_ids.masked_fill(chosen, mask_token_id), labels
 
 
+@dataclass
+class VisualInput:
+    """Visual tokens ``[N, k, d]`` and which of them the encoder attends to ``[N, k]`` (all, but
+    for the padding of an image with fewer shipped ROI regions than ``data.roi_regions``)."""
+
+    tokens: Tensor
+    mask: Tensor | None = None
+
+    def __post_init__(self):
+        if self.mask is None:
+            self.mask = torch.ones(self.tokens.shape[:2], dtype=torch.bool,
+                                   device=self.tokens.device)
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def rows(self, index: Tensor) -> "VisualInput":
+        return VisualInput(self.tokens[index], self.mask[index])
+
+    def repeat(self, times: int) -> "VisualInput":
+        return VisualInput(self.tokens.repeat(times, 1, 1), self.mask.repeat(times, 1))
+
+
 class Triplets:
     """Rows of one source (strict or weak) with an ordered language pair (l_i, l_j): images,
     captions x^i / x^j trimmed to a common length, and their languages. Even row count.
@@ -98,6 +123,7 @@ class Triplets:
         n = len(rows)
         self.ids_i, self.ids_j, self.mask_i, self.mask_j = ids[:n], ids[n:], mask[:n], mask[n:]
         self.roi = batch["roi_features"][rows] if "roi_features" in batch else None
+        self.roi_mask = batch["roi_mask"][rows] if "roi_mask" in batch else None
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -115,6 +141,8 @@ class Triplets:
                     "images": batch["images"].new_zeros(2, *batch["images"].shape[1:])}
         if "roi_features" in batch:
             stand_in["roi_features"] = batch["roi_features"].new_zeros(2, *batch["roi_features"].shape[1:])
+            stand_in["roi_mask"] = torch.ones(stand_in["roi_features"].shape[:2], dtype=torch.bool,
+                                              device=ids.device)
         triplets = cls(stand_in, torch.arange(2, device=ids.device), (0, 1))
         triplets.real = 0
         return triplets
@@ -151,8 +179,13 @@ class RC3(RetrievalModule):
         self.settings = resolve_settings(self.method_cfg)
         cfg, data = self.settings, self.data_info
         reads_regions = cfg.visual.strict_input != "patch"
-        self.regions = (GridRegions.from_config(cfg.visual.regions, data)
-                        if reads_regions and cfg.visual.regions is not None else None)
+        shipped = getattr(data, "roi_dim", None)  # width of the data's own ROI features, if any
+        if reads_regions and shipped is not None and shipped != cfg.visual.roi_dim:
+            raise ValueError(f"rc3: method.visual.roi_dim={cfg.visual.roi_dim}, but "
+                             f"data.roi_features {data.roi_store} is {shipped} wide; "
+                             f"set method.visual.roi_dim={shipped}")
+        grid = reads_regions and shipped is None and cfg.visual.regions is not None
+        self.regions = GridRegions.from_config(cfg.visual.regions, data) if grid else None
         roi_dim = None  # no ROI projection for RC3-Patch
         if reads_regions:
             roi_dim = self.regions.dim if self.regions is not None else cfg.visual.roi_dim
@@ -173,6 +206,9 @@ class RC3(RetrievalModule):
             self.net.visual.patch_proj.requires_grad_(False)
         if not reads_regions:
             rank_zero_info("rc3: patch-only visual input (RC3-Patch); no ROI features are used")
+        elif shipped is not None:
+            rank_zero_info(f"rc3: {cfg.visual.strict_input} input; ROI features are the data's "
+                           f"precomputed detector features, data.roi_features {data.roi_store}")
         elif self.regions is not None:
             rank_zero_info(f"rc3: {cfg.visual.strict_input} input; ROI features are grid pseudo-ROIs "
                            f"of the frozen image backbone {cfg.visual.regions.name!r} (spec §2.8)")
@@ -184,16 +220,18 @@ class RC3(RetrievalModule):
         return [data.pad_token_id, data.cls_token_id, data.eos_token_id, data.mask_token_id,
                 *self.net.tag_ids.values(), *self.net.special_ids.values()]
 
-    def strict_visual(self, triplets: Triplets) -> Tensor:
+    def strict_visual(self, triplets: Triplets) -> VisualInput:
         """Visual tokens of strict triplets (``visual.strict_input``)."""
-        return self.visual_tokens(triplets.images, triplets.roi)
+        return self.visual_tokens(triplets.images, triplets.roi, triplets.roi_mask)
 
-    def visual_tokens(self, images: Tensor, roi: Tensor | None = None) -> Tensor:
+    def visual_tokens(self, images: Tensor, roi: Tensor | None = None,
+                      roi_mask: Tensor | None = None) -> VisualInput:
         """Patches, ROI features or both (``visual.strict_input``). ROI features are the batch's
-        own (``roi``, a dataset that ships them) or else the frozen backbone's grid regions."""
+        own (``roi`` and its ``roi_mask``, a dataset that ships them) or else the frozen
+        backbone's grid regions."""
         kind = self.settings.visual.strict_input
         if kind == "patch":
-            return self.net.visual.patches(images)
+            return VisualInput(self.net.visual.patches(images))
         if roi is None:
             if self.regions is None:
                 raise ValueError(
@@ -202,36 +240,40 @@ class RC3(RetrievalModule):
                     f"(spec §2.8); or use strict_input=patch (RC3-Patch)"
                 )
             roi = self.regions(images)
-        rois = self.net.visual.rois(roi)
+        rois = VisualInput(self.net.visual.rois(roi), roi_mask)
         if kind == "roi":
             return rois
-        return self.net.combined_tokens(rois, self.net.visual.patches(images))
+        tokens = self.net.combined_tokens(rois.tokens, self.net.visual.patches(images))
+        rest = rois.mask.new_ones(len(tokens), tokens.shape[1] - rois.tokens.shape[1])
+        return VisualInput(tokens, torch.cat([rois.mask, rest], 1))  # [SEP] and patches attended
 
     def tag(self, ids: Tensor, mask: Tensor, language: str) -> Tensor:
         return self.net.tag_source(ids, mask, language)
 
     # ---- losses ---------------------------------------------------------------------------------
 
-    def fused_quadruple(self, visual: Tensor, t: Triplets, perm: Tensor) -> tuple[Tensor, ...]:
+    def fused_quadruple(self, visual: VisualInput, t: Triplets, perm: Tensor) -> tuple[Tensor, ...]:
         """VtR of (v, x^i), (v, x^j), (v, x̂^i), (v, x̂^j) in one encoder call: ``[N, d]`` each."""
         xi, xj = self.tag(t.ids_i, t.mask_i, t.lang_i), self.tag(t.ids_j, t.mask_j, t.lang_j)
         ids = torch.cat([xi, xj, xi[perm], xj[perm]])
         mask = torch.cat([t.mask_i, t.mask_j, t.mask_i[perm], t.mask_j[perm]])
-        pooled = self.net.encode(ids, mask, visual.repeat(4, 1, 1)).pooled
+        visual = visual.repeat(4)
+        pooled = self.net.encode(ids, mask, visual.tokens, visual.mask).pooled
         return pooled.chunk(4)
 
     def text_representation(self, ids: Tensor, mask: Tensor, language: str) -> Tensor:
         """TR: the state at ``[BOS]`` of the text-only input ``[BOS] x [LAN]``."""
         return self.net.encode(self.tag(ids, mask, language), mask).pooled
 
-    def mclm_loss(self, visual: Tensor, t: Triplets) -> Tensor:
+    def mclm_loss(self, visual: VisualInput, t: Triplets) -> Tensor:
         """MLM on the masked x^i given v, plus translation into x^j on the decoder (§3.1); each a
         token mean over the global batch (a collective)."""
         masked, labels = mask_content(t.ids_i, t.mask_i, self.data_info.mask_token_id,
                                       self.specials(), self.settings.mask_probability)
         labels[t.real:] = IGNORE_INDEX
-        encoded = self.net.encode(self.tag(masked, t.mask_i, t.lang_i), t.mask_i, visual)
-        text_states = encoded.states[:, 1 + visual.shape[1]:]
+        encoded = self.net.encode(self.tag(masked, t.mask_i, t.lang_i), t.mask_i, visual.tokens,
+                                  visual.mask)
+        text_states = encoded.states[:, 1 + visual.tokens.shape[1]:]
         chosen = labels != IGNORE_INDEX
         logits = self.mlm_head(text_states[chosen]).float()
         mlm = F.cross_entropy(logits, labels[chosen], reduction="none")
@@ -240,11 +282,11 @@ class RC3(RetrievalModule):
         return (global_share(mlm, row_layout(len(mlm), mlm.device))
                 + global_share(translation, row_layout(len(translation), mlm.device)))
 
-    def contrastive_source(self, t: Triplets, visual: Tensor, alpha: float, layout: RowLayout,
+    def contrastive_source(self, t: Triplets, visual: VisualInput, alpha: float, layout: RowLayout,
                            regularise: bool) -> tuple[ContrastiveTerm, tuple[Tensor, ...]]:
         """R-XVtCL on one source (``layout``: every process's real row count). Returns the term
         and the fused (anchor, positive, C1, C2, perm) for ITM reuse."""
-        perm = involution_pairs(len(t), device=visual.device)
+        perm = involution_pairs(len(t), device=visual.tokens.device)
         fused = self.fused_quadruple(visual, t, perm)
         d_tr = None
         if regularise:
@@ -264,7 +306,7 @@ class RC3(RetrievalModule):
         bce = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
         return global_share(bce, row_layout(len(bce), bce.device))
 
-    def probe_loss(self, t: Triplets, visual: Tensor, layout: RowLayout) -> Tensor:
+    def probe_loss(self, t: Triplets, visual: VisualInput, layout: RowLayout) -> Tensor:
         """InfoNCE of the first-stage probe heads on detached features (no gradient to the net),
         negatives from the global batch (a collective when any process has rows)."""
         with torch.no_grad():
@@ -275,11 +317,12 @@ class RC3(RetrievalModule):
             return image.sum() + text.sum()  # an exact zero on every process
         return info_nce(image, text, self.settings.first_stage.temperature)
 
-    def image_only_features(self, visual: Tensor) -> Tensor:
-        """Mean final state over the visual positions of ``[CLS] visual`` (no text)."""
-        empty = torch.zeros(len(visual), 0, dtype=torch.long, device=visual.device)
-        states = self.net.encode(empty, empty.bool(), visual).states
-        return states[:, 1:].mean(1)
+    def image_only_features(self, visual: VisualInput) -> Tensor:
+        """Mean final state over the attended visual positions of ``[CLS] visual`` (no text)."""
+        empty = torch.zeros(len(visual), 0, dtype=torch.long, device=visual.tokens.device)
+        states = self.net.encode(empty, empty.bool(), visual.tokens, visual.mask).states[:, 1:]
+        weights = visual.mask.to(states.dtype).unsqueeze(-1)
+        return (states * weights).sum(1) / weights.sum(1).clamp_min(1.0)
 
     def xtcl_term(self, batch: dict) -> ContrastiveTerm:
         """XTCL on the first ``anchors_per_task`` pairs of one parallel-text batch (§3.3). A
@@ -337,8 +380,9 @@ class RC3(RetrievalModule):
                 # trained parameter in every step's graph.
                 weak_t = self.pool(batch, weak)
                 weak_layout = row_layout(weak_t.real, device)
-                term_w, _ = self.contrastive_source(weak_t, self.net.visual.patches(weak_t.images),
-                                                    alpha, weak_layout, regularise=cfg.use_kl)
+                patches = VisualInput(self.net.visual.patches(weak_t.images))
+                term_w, _ = self.contrastive_source(weak_t, patches, alpha, weak_layout,
+                                                    regularise=cfg.use_kl)
                 rxvtcl = rxvtcl + term_w.loss
                 raws.append(term_w.raw)
                 if term_w.kl is not None:
@@ -395,13 +439,21 @@ class RC3(RetrievalModule):
         self._eval_split = "test"
         super().validation_step(batch, batch_idx, dataloader_idx)
 
-    def eval_visual(self, images: Tensor) -> Tensor:
+    def eval_visual(self, images: Tensor, roi: Tensor | None = None,
+                    roi_mask: Tensor | None = None) -> VisualInput:
         """Visual tokens of evaluation images, the input kind of strict training triplets."""
-        return self.visual_tokens(images)
+        return self.visual_tokens(images, roi, roi_mask)
+
+    def shipped_rois(self) -> tuple[Tensor, ...]:
+        """``(roi_features, roi_mask)`` of the evaluation batch being encoded when the data ships
+        ROI features, else nothing (the grid regions then stand in)."""
+        batch = self.eval_batch or {}
+        return (batch["roi_features"], batch["roi_mask"]) if "roi_features" in batch else ()
 
     def encode_images(self, images: Tensor) -> Tensor:
-        return in_fixed_shape(lambda x: self.probe_image(self.image_only_features(self.eval_visual(x))),
-                              images)
+        return in_fixed_shape(
+            lambda *rows: self.probe_image(self.image_only_features(self.eval_visual(*rows))),
+            images, *self.shipped_rois())
 
     def caption_languages(self, index: Tensor) -> list[str]:
         view = self.trainer.datamodule.eval_view(self._eval_split)
@@ -425,21 +477,25 @@ class RC3(RetrievalModule):
         return in_fixed_shape(lambda ids, mask: self.probe_text(self.net.encode(ids, mask).pooled),
                               tagged, attention_mask)
 
-    def image_cache(self, images: Tensor) -> Tensor:
-        return self.eval_visual(images)
+    def image_cache(self, images: Tensor) -> dict[str, Tensor]:
+        visual = self.eval_visual(images, *self.shipped_rois())
+        return {"tokens": visual.tokens, "mask": visual.mask}
 
     def text_cache(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Tensor]:
         return {"input_ids": self.tagged_captions(input_ids, attention_mask),
                 "attention_mask": attention_mask}
 
-    def reranker(self, image_cache: Tensor, text_cache: dict) -> "MatchingScorer":
-        return MatchingScorer(self, image_cache, text_cache["input_ids"], text_cache["attention_mask"])
+    def reranker(self, image_cache: dict, text_cache: dict) -> "MatchingScorer":
+        return MatchingScorer(self, VisualInput(image_cache["tokens"], image_cache["mask"]),
+                              text_cache["input_ids"], text_cache["attention_mask"])
 
     @torch.no_grad()
-    def match_logits(self, visual: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def match_logits(self, visual: VisualInput, input_ids: Tensor,
+                     attention_mask: Tensor) -> Tensor:
         """ITM logit of each (image, tagged caption) pair: the paper's retrieval score."""
         input_ids, attention_mask = trim_padding(input_ids, attention_mask)
-        return self.itm_head(self.net.encode(input_ids, attention_mask, visual).pooled).squeeze(1).float()
+        encoded = self.net.encode(input_ids, attention_mask, visual.tokens, visual.mask)
+        return self.itm_head(encoded.pooled).squeeze(1).float()
 
 
 EVAL_ROWS = 8  # rows of every first-stage encoder call in evaluation
@@ -470,7 +526,7 @@ def pad_to(input_ids: Tensor, attention_mask: Tensor, length: int, pad_id: int) 
 class MatchingScorer:
     """``metrics.Reranker``: the ITM logit of the single-stream encoder for each candidate pair."""
 
-    def __init__(self, module: RC3, visual: Tensor, input_ids: Tensor, attention_mask: Tensor):
+    def __init__(self, module: RC3, visual: VisualInput, input_ids: Tensor, attention_mask: Tensor):
         self.module, self.visual = module, visual
         self.input_ids, self.attention_mask = input_ids, attention_mask
 
@@ -479,8 +535,8 @@ class MatchingScorer:
         return score_candidate_pairs(
             direction, query_index, candidate_index,
             lambda images, captions: self.module.match_logits(
-                self.visual[images], self.input_ids[captions], self.attention_mask[captions]),
-            self.module.settings.rerank_batch_size, self.visual.device,
+                self.visual.rows(images), self.input_ids[captions], self.attention_mask[captions]),
+            self.module.settings.rerank_batch_size, self.visual.tokens.device,
         )
 
 

@@ -10,7 +10,7 @@ from omegaconf import open_dict
 from rc3_helpers import B, LANGUAGES, Info, build, config, parallel_batch, train_batch
 
 from methods.layers.seq2seq import Encoded
-from methods.rc3 import RC3, mask_content
+from methods.rc3 import RC3, VisualInput, mask_content
 
 WEAK = [i % 2 == 1 for i in range(B)]
 
@@ -170,7 +170,7 @@ def test_grid_regions_stand_in_for_missing_roi_features_and_never_train():  # §
     images = train_batch()["images"][:2]
     regions = module.regions(images)
     assert regions.shape == (2, (16 // 8) ** 2, 8)  # one region per patch, the global token dropped
-    assert torch.equal(module.eval_visual(images), module.net.visual.rois(regions))  # evaluation too
+    assert torch.equal(module.eval_visual(images).tokens, module.net.visual.rois(regions))  # evaluation too
 
 
 @pytest.mark.parametrize("variant", ["full", "no_weak", "no_rxvtcl", "no_rxvtcl_xtcl"])
@@ -199,6 +199,26 @@ def test_shipped_roi_features_win_over_grid_regions():
         seen.append(None if visual is None else visual.shape[1]) or encode(ids, mask, visual, visual_mask))
     seeded_losses(module, batch)
     assert not calls and 3 in seen
+
+
+def test_absent_shipped_regions_are_masked_out():
+    """An image with fewer detector regions than the batch holds is zero-padded and masked
+    (``roi_mask``): what the padding holds changes no loss, and its image-only features are those
+    of its real regions alone."""
+    batch = train_batch(weak=WEAK)
+    batch["roi_features"] = torch.randn(B, 4, 8)
+    batch["roi_mask"] = torch.arange(4) < torch.tensor([2, 3, 4, 1, 4, 2, 3, 4])[:, None]
+    noisy = dict(batch, roi_features=batch["roi_features"].masked_fill(~batch["roi_mask"][..., None], 7.0))
+    base, other = seeded_losses(with_tiny_regions(), batch), seeded_losses(with_tiny_regions(), noisy)
+    assert base.keys() == other.keys()
+    for name in base:
+        torch.testing.assert_close(base[name], other[name])
+    module = with_tiny_regions().eval()
+    images, rois = batch["images"][:1], batch["roi_features"][:1]
+    with torch.no_grad():
+        padded = module.image_only_features(module.visual_tokens(images, rois, batch["roi_mask"][:1]))
+        alone = module.image_only_features(module.visual_tokens(images, rois[:, :2]))
+    torch.testing.assert_close(padded, alone)
 
 
 def test_language_tag_is_last_real_token_and_states_read_at_index_zero():  # §9.12
@@ -329,7 +349,7 @@ def test_match_logits_score_each_pair_with_the_itm_head():
     batch = train_batch()
     visual = module.net.visual.patches(batch["images"][:3])
     ids = module.net.tag_source(batch["input_ids"][:3, 0], batch["attention_mask"][:3, 0], "en")
-    got = module.match_logits(visual, ids, batch["attention_mask"][:3, 0])
+    got = module.match_logits(VisualInput(visual), ids, batch["attention_mask"][:3, 0])
     one = module.itm_head(module.net.encode(ids[1:2], batch["attention_mask"][1:2, 0], visual[1:2]).pooled)
     assert got[1].item() == pytest.approx(one.item(), abs=1e-5)
     assert isinstance(module.net.encode(ids, batch["attention_mask"][:3, 0]), Encoded)

@@ -72,6 +72,7 @@ class RetrievalModule(L.LightningModule):
         self.evaluation: metrics.RetrievalEvaluation | None = None  # one per evaluation epoch
         self._last_batch_end: float | None = None
         self.eval_index: Tensor | None = None  # item indices of the rows being encoded in evaluation
+        self.eval_batch: dict | None = None  # the evaluation batch being encoded (None outside)
 
     # ---- what a method provides ---------------------------------------------------------------
 
@@ -169,18 +170,21 @@ class RetrievalModule(L.LightningModule):
         shards end in other short batches than one process does, so without one shape an item's
         embedding (and near-tied rankings) would depend on how the set was sharded.
         ``self.eval_index`` holds the encoded rows' item indices (filled rows included), for
-        methods whose encoding depends on the item (e.g. its language)."""
+        methods whose encoding depends on the item (e.g. its language); ``self.eval_batch`` the
+        whole filled batch while it is encoded, for methods that read more of it than images or
+        captions (e.g. an image's shipped ``roi_features``)."""
         rerank = self.eval_cfg.rerank_k > 0
         side = EVAL_SIDES[dataloader_idx]
         count = len(batch["index"])
         batch = fill_rows(batch, self._eval_batch_size(dataloader_idx))
-        self.eval_index = batch["index"]
+        self.eval_index, self.eval_batch = batch["index"], batch
         if side == "images":
             emb = self.encode_images(batch["images"])
             cache = self.image_cache(batch["images"]) if rerank else None
         else:
             emb = self.encode_texts(batch["input_ids"], batch["attention_mask"])
             cache = self.text_cache(batch["input_ids"], batch["attention_mask"]) if rerank else None
+        self.eval_batch = None
         self.evaluation.update(side, batch["index"][:count], emb[:count].float(), first_rows(cache, count))
 
     def _eval_batch_size(self, dataloader_idx: int) -> int | None:
