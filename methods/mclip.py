@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 import methods
-from methods.layers.base import RetrievalModule, Stage
+from methods.layers.base import RetrievalModule, Stage, load_state
 from methods.layers.batches import trim_padding
 from methods.layers.distillation import (
     clamped_logit_scale,
@@ -278,11 +278,6 @@ def build_mte_stage(method, optim, data, evaluation, joint: bool) -> MTEEnhancem
                 "ctl_temperature": t.ctl_temperature, "grad_clip": method.grad_clip,
                 "initial_lr": INITIAL_LR}
     return MTEEnhancement(mte, decoder, settings, joint, data.pad_token_id, teacher, ablation.ctl)
-
-
-def load_state(path: Path) -> dict[str, Tensor]:
-    """A stage checkpoint's weights (loaded weights-only: no pickled code runs)."""
-    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
 
 
 def load_prefixed(module: nn.Module, state: Mapping[str, Tensor], prefix: str) -> None:

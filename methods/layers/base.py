@@ -221,6 +221,11 @@ class RetrievalModule(L.LightningModule):
         self.log_dict({f"{split}/{key}": value for key, value in report.items()})
 
 
+def load_state(path: Path) -> dict[str, Tensor]:
+    """A stage checkpoint's weights (loaded weights-only: no pickled code runs)."""
+    return torch.load(path, map_location="cpu", weights_only=True)["state_dict"]
+
+
 def _plain(config: Any) -> dict:
     """A config (DictConfig, dict, or DataInfo as a dataclass or namespace) as a plain dict."""
     if is_dataclass(config):
