@@ -395,9 +395,12 @@ class CCRDataModule(L.LightningDataModule):
                 f"languages {unknown or '[]'} not configured; configured languages: {self.languages}"
             )
 
-    def train_dataloader(self, languages: list[str] | None = None) -> DataLoader:
+    def train_dataloader(self, languages: list[str] | None = None,
+                         batch_size: int | None = None) -> DataLoader:
         """Shuffled training batches with K = len(languages) captions per instance (default: all
-        configured languages). Records with none of the requested languages are left out."""
+        configured languages) and ``batch_size`` instances (default: ``data.batch_size``; a
+        stage may train with its own, e.g. RC3's fine-tuning). Records with none of the
+        requested languages are left out."""
         languages = list(languages) if languages is not None else self.languages
         self._check_languages(languages)
         records = [
@@ -425,7 +428,7 @@ class CCRDataModule(L.LightningDataModule):
         return training_loader(
             dataset,
             self.seed,
-            batch_size=int(self.cfg.batch_size),
+            batch_size=int(batch_size or self.cfg.batch_size),
             drop_last=True,
             num_workers=int(self.cfg.num_workers),
             persistent_workers=int(self.cfg.num_workers) > 0,
