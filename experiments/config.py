@@ -101,7 +101,18 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
         check_bounds(merged)
     except ValueError as err:
         raise ConfigError(str(err)) from None
+    check_run_protocol(merged)
     return merged
+
+
+def check_run_protocol(cfg: DictConfig) -> None:
+    """A method that trains by its protocol (``method.run_protocol``: mCLIP, RC3) must train the
+    one the run records as ``protocol``, or the leaderboard label would not be what ran."""
+    method = cfg.get("method")
+    ran = method.get("run_protocol") if isinstance(method, DictConfig) else None
+    if ran is not None and ran != cfg.protocol:
+        raise ConfigError(f"method.run_protocol={ran} differs from protocol={cfg.protocol}, the "
+                          "label the run records; set protocol= alone")
 
 
 def method_label(cfg: DictConfig) -> str:

@@ -53,6 +53,13 @@ def test_method_preset_may_fix_the_protocol_and_the_cli_still_wins():
     assert compose(["method=clip"]).protocol == "default"
 
 
+@pytest.mark.parametrize("method,ran,recorded", [("mclip", "fine-tune-en", "zero-shot"),
+                                                 ("rc3", "pretrain-only", "fine-tune-en")])
+def test_a_method_cannot_run_another_protocol_than_the_run_records(method, ran, recorded):
+    with pytest.raises(ConfigError, match=f"method.run_protocol={ran} differs from protocol={recorded}"):
+        compose([f"method={method}", f"method.run_protocol={ran}"])
+
+
 @pytest.mark.parametrize("override, key", [
     ("trainer.max_steps=abc", "trainer.max_steps"),
     ("optim.lr=abc", "optim.lr"),
