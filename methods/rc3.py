@@ -20,12 +20,18 @@ or raw-pixel patches (RC3-Patch); weak triplets always use patches. Retrieval is
 cross-encoder ITM score, applied to each query's top ``evaluation.rerank_k`` candidates of a first
 stage: a linear probe (image-only pass of the encoder, mean visual state; text TR) trained with
 InfoNCE on detached features, so it never changes what RC3 trains.
+
+The run's ``protocol`` picks the stages (spec §5): ``fine-tune-en`` (the paper's) pre-trains, then
+fine-tunes for image-text retrieval on English training captions (IGLUE/VOLTA's 4-candidate
+cross-entropy over ITM logits, ``phase="finetune"``); ``pretrain-only`` retrieves straight from the
+pre-trained ITM head, a diagnostic the paper never reports.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from itertools import permutations
+from pathlib import Path
 
 import torch
 import torch.nn.functional as F
@@ -34,7 +40,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from metrics.reranking import score_candidate_pairs
-from methods.layers.base import RetrievalModule
+from methods.layers.base import RetrievalModule, Stage, load_state
 from methods.layers.batches import fill_to, trim_padding
 from methods.layers.contrastive import info_nce
 from methods.layers.distributed import RowLayout, row_layout
@@ -54,6 +60,11 @@ from methods.layers.seq2seq import SingleStreamSeq2Seq
 from methods.registry import register
 
 VISUAL_INPUTS = ("patch", "roi", "combined")
+PRETRAIN, FINETUNE = "pretrain", "finetune"
+ENGLISH = "en"
+FINE_TUNE_EN, PRETRAIN_ONLY = "fine-tune-en", "pretrain-only"
+PROTOCOLS = (FINE_TUNE_EN, PRETRAIN_ONLY)
+PRETRAINING_ONLY_PARTS = ("net.model.decoder.", "mlm_head.")  # what only pre-training reads
 
 
 def resolve_settings(method) -> OmegaConf:
@@ -70,6 +81,56 @@ def resolve_settings(method) -> OmegaConf:
             f"method.visual.strict_input {settings.visual.strict_input!r}: expected {VISUAL_INPUTS}"
         )
     return settings
+
+
+def protocol_of(method, languages: list[str]) -> str:
+    """The run's protocol (``method.run_protocol``, an interpolation of ``protocol=``):
+    ``fine-tune-en`` (spec §5: pre-training, then ITR fine-tuning on English training captions)
+    or ``pretrain-only`` (the diagnostic: no fine-tuning). Anything else would mislabel the run."""
+    name = method.get("run_protocol")
+    if name not in PROTOCOLS:
+        raise ValueError(f"rc3 protocol {name!r} (protocol=) is not one of {list(PROTOCOLS)}")
+    if name == FINE_TUNE_EN and ENGLISH not in languages:
+        raise ValueError(f"rc3 protocol {name} fine-tunes on English captions, but data.languages "
+                         f"{list(languages)} has no {ENGLISH!r}")
+    return name
+
+
+def finetune_optim(optim, finetune) -> OmegaConf:
+    """The run's ``optim`` with the fine-tuning stage's own keys (``method.finetune.optim``)
+    on top; a key ``optim`` does not have is an error naming it."""
+    unknown = sorted(set(finetune.optim) - set(optim))
+    if unknown:
+        raise ValueError(f"method.finetune.optim.{unknown[0]} is not an optim key; "
+                         f"keys: {sorted(optim)}")
+    return OmegaConf.merge(optim, finetune.optim)
+
+
+def itr_negatives(similarity: Tensor, same_image: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """Row i's three negatives for (image i, caption i), as row indices of the batch: a caption
+    of another image drawn uniformly, another image drawn uniformly, and the hard negative, the
+    caption of another image that the first stage scores highest for image i (``similarity``
+    [image, caption]): what it would hand the ITM head to re-rank at test time."""
+    other = ~same_image
+    if not other.any(1).all():
+        raise ValueError("rc3 fine-tuning: a training batch holds a single image; its captions "
+                         "have no negative (data.batch_size or method.finetune.batch_size >= 2)")
+    random_caption = torch.rand(other.shape, device=other.device).masked_fill(~other, -1.0).argmax(1)
+    random_image = torch.rand(other.shape, device=other.device).masked_fill(~other, -1.0).argmax(1)
+    hard_caption = similarity.masked_fill(~other, float("-inf")).argmax(1)
+    return random_caption, random_image, hard_caption
+
+
+def four_way_loss(logits: Tensor) -> Tensor:
+    """Per-row cross-entropy over the 4 candidates' ITM logits ``[n, 4]``, the true pair in
+    column 0 (IGLUE/VOLTA's retrieval fine-tuning)."""
+    return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device),
+                           reduction="none")
+
+
+def same_image_rows(ids: list) -> Tensor:
+    """``[n, n]``: whether rows i and j show the same image (equal record ids)."""
+    return torch.tensor([[a == b for b in ids] for a in ids], dtype=torch.bool)
 
 
 def mask_content(input_ids: Tensor, attention_mask: Tensor, mask_token_id: int,
@@ -172,10 +233,15 @@ def draw_triplet_rows(present: Tensor, candidates: Tensor,
 @register("rc3")
 class RC3(RetrievalModule):
     """The seq2seq backbone, ITM / MLM heads, the two positive-probability trackers and the
-    first-stage probe heads."""
+    first-stage probe heads; ``phase`` is the stage it trains in: ``pretrain`` (§3) or
+    ``finetune`` (§5 ITR fine-tuning, which trains only what retrieval reads)."""
 
-    def __init__(self, method, optim, data, evaluation):
+    def __init__(self, method, optim, data, evaluation, phase: str = PRETRAIN):
         super().__init__(method, optim, data, evaluation)
+        if phase not in (PRETRAIN, FINETUNE):
+            raise ValueError(f"RC3 phase must be {PRETRAIN!r} or {FINETUNE!r}, got {phase!r}")
+        self.phase = phase
+        protocol_of(self.method_cfg, list(self.data_info.languages))
         self.settings = resolve_settings(self.method_cfg)
         cfg, data = self.settings, self.data_info
         reads_regions = cfg.visual.strict_input != "patch"
@@ -200,10 +266,14 @@ class RC3(RetrievalModule):
         self.probe_text = ProjectionHead(d, cfg.first_stage.dim)
         self.parallel_batches = None  # the XTCL stream, attached on the first training step
         self._eval_split = "val"
-        if cfg.visual.strict_input == "roi" and not (cfg.use_rxvtcl and cfg.use_weak):
+        reads_patches = cfg.use_rxvtcl and cfg.use_weak and phase == PRETRAIN
+        if cfg.visual.strict_input == "roi" and not reads_patches:
             # nothing reads raw-pixel patches: keep the patch pathway out of training (and of DDP)
             self.net.visual.patch_embed.requires_grad_(False)
             self.net.visual.patch_proj.requires_grad_(False)
+        if phase == FINETUNE:
+            self.freeze_pretraining_only_parts()
+            self.optim_cfg = finetune_optim(self.optim_cfg, self.method_cfg.finetune)
         if not reads_regions:
             rank_zero_info("rc3: patch-only visual input (RC3-Patch); no ROI features are used")
         elif shipped is not None:
@@ -212,6 +282,15 @@ class RC3(RetrievalModule):
         elif self.regions is not None:
             rank_zero_info(f"rc3: {cfg.visual.strict_input} input; ROI features are grid pseudo-ROIs "
                            f"of the frozen image backbone {cfg.visual.regions.name!r} (spec §2.8)")
+
+    def freeze_pretraining_only_parts(self) -> None:
+        """Fine-tuning trains the single-stream encoder (token table, visual tokeniser, layers),
+        the ITM head and the probe heads, as VOLTA fine-tunes the whole encoder: the decoder and
+        the MLM head, which no fine-tuning loss reads, stay as pre-trained (and out of DDP). The
+        token table they share with the encoder is named ``net.model.shared`` and trains."""
+        for name, param in self.named_parameters():
+            if name.startswith(PRETRAINING_ONLY_PARTS):
+                param.requires_grad_(False)
 
     # ---- inputs ---------------------------------------------------------------------------------
 
@@ -312,9 +391,12 @@ class RC3(RetrievalModule):
         with torch.no_grad():
             image = self.image_only_features(visual)[: t.real]
             text = self.text_representation(t.ids_i, t.mask_i, t.lang_i)[: t.real]
-        image, text = self.probe_image(image), self.probe_text(text)
+        return self.probe_info_nce(self.probe_image(image), self.probe_text(text), layout)
+
+    def probe_info_nce(self, image: Tensor, text: Tensor, layout: RowLayout) -> Tensor:
+        """InfoNCE over probe embeddings, or an exact zero on every process when none has a row."""
         if not layout.total:
-            return image.sum() + text.sum()  # an exact zero on every process
+            return image.sum() + text.sum()
         return info_nce(image, text, self.settings.first_stage.temperature)
 
     def image_only_features(self, visual: VisualInput) -> Tensor:
@@ -396,6 +478,43 @@ class RC3(RetrievalModule):
             self.update_tracker(self.xtcl_tracker, term_t.raw)
         return losses
 
+    def finetune_losses(self, batch: dict) -> dict[str, Tensor]:
+        """ITR fine-tuning (spec §5, the IGLUE/VOLTA recipe) on the batch's English captions:
+        ``itr``, the 4-way cross-entropy over the ITM logits of each strict row's candidates
+        (``candidate_logits``), and ``probe``, the first stage's InfoNCE on detached features of
+        the same rows, so that its candidates follow the encoder being fine-tuned. Weakly aligned
+        rows serve only as negatives. Each loss is this process's share of the global mean."""
+        k = batch["languages"].index(ENGLISH)
+        rows = batch["present"][:, k].bool().nonzero().flatten()
+        ids, mask = trim_padding(batch["input_ids"][rows, k], batch["attention_mask"][rows, k])
+        captions = self.tag(ids, mask, ENGLISH)
+        roi = [batch[key][rows] if key in batch else None for key in ("roi_features", "roi_mask")]
+        visual = self.visual_tokens(batch["images"][rows], *roi)
+        with torch.no_grad():
+            image_features = self.image_only_features(visual)
+            text_features = self.net.encode(captions, mask).pooled
+        image, text = self.probe_image(image_features), self.probe_text(text_features)
+        same = same_image_rows([batch["ids"][int(i)] for i in rows]).to(image.device)
+        negatives = itr_negatives(image.detach() @ text.detach().T, same)
+        logits = self.candidate_logits(visual, captions, mask, negatives)
+        weak = batch.get("alignment_weak")
+        anchors = torch.ones_like(rows, dtype=torch.bool) if weak is None else ~weak.bool()[rows]
+        layout = row_layout(int(anchors.sum()), image.device)
+        return {"itr": global_share(four_way_loss(logits)[anchors], layout),
+                "probe": self.probe_info_nce(image[anchors], text[anchors], layout)}
+
+    def candidate_logits(self, visual: VisualInput, captions: Tensor, mask: Tensor,
+                         negatives: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+        """ITM logits ``[n, 4]`` of each row's candidates in one encoder call, the true pair
+        first: (v_i, x_i), (v_i, random x), (random v, x_i), (v_i, hard x)."""
+        random_caption, random_image, hard_caption = negatives
+        own = torch.arange(len(captions), device=captions.device)
+        images = torch.cat([own, own, random_image, own])
+        texts = torch.cat([own, random_caption, own, hard_caption])
+        seen = visual.rows(images)
+        pooled = self.net.encode(captions[texts], mask[texts], seen.tokens, seen.mask).pooled
+        return self.itm_head(pooled).squeeze(1).float().view(4, len(own)).T
+
     @staticmethod
     def update_tracker(tracker: PosProbTracker, raw: Tensor) -> None:
         """Record the global-batch mean raw loss of a step (a collective); a step in which no
@@ -410,13 +529,14 @@ class RC3(RetrievalModule):
         return sum(value for key, value in losses.items() if key != "kl")
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
-        losses = self.losses(batch)
+        losses = self.finetune_losses(batch) if self.phase == FINETUNE else self.losses(batch)
         total = self.total_loss(losses)
         size = len(batch["images"])
         for name, value in {**losses, "total": total}.items():
             self.log(f"loss/{name}", value.detach(), batch_size=size)
-        self.log("train/p_avg_vt", self.vt_tracker.p_avg(), batch_size=size)
-        self.log("train/p_avg_xtcl", self.xtcl_tracker.p_avg(), batch_size=size)
+        if self.phase == PRETRAIN:
+            self.log("train/p_avg_vt", self.vt_tracker.p_avg(), batch_size=size)
+            self.log("train/p_avg_xtcl", self.xtcl_tracker.p_avg(), batch_size=size)
         return total
 
     def next_parallel_batch(self) -> dict:
@@ -428,6 +548,32 @@ class RC3(RetrievalModule):
             self.parallel_batches = StepIndexedBatches(datamodule.parallel_dataloader())
         batch = self.parallel_batches.batch(int(self.global_step))
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    @classmethod
+    def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
+        """``pretrain`` on every language's training batches, then, under ``fine-tune-en``,
+        ``finetune`` built from its checkpoint and trained on English captions only."""
+        protocol = protocol_of(method, list(data.languages))
+        pretrain = Stage(PRETRAIN, lambda previous: cls(method, optim, data, evaluation),
+                         lambda datamodule: datamodule.train_dataloader(),
+                         method.pretrain.max_steps,
+                         "method.pretrain.max_steps" if method.pretrain.max_steps is not None else None)
+        if protocol == PRETRAIN_ONLY:
+            return [pretrain]
+
+        def build_finetune(previous: Path | None) -> RC3:
+            """From the pre-training checkpoint (None: the caller loads a checkpoint itself)."""
+            module = cls(method, optim, data, evaluation, phase=FINETUNE)
+            if previous is not None:
+                module.load_state_dict(load_state(previous))
+            return module
+
+        ft = method.finetune
+        finetune = Stage(FINETUNE, build_finetune,
+                         lambda datamodule: datamodule.train_dataloader(languages=[ENGLISH],
+                                                                        batch_size=ft.batch_size),
+                         ft.max_steps, "method.finetune.max_steps")
+        return [pretrain, finetune]
 
     # ---- evaluation: first stage + ITM re-ranking -------------------------------------------------
 

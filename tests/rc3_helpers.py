@@ -3,9 +3,10 @@
 from dataclasses import dataclass
 
 import torch
+from omegaconf import open_dict
 
 from experiments.config import compose
-from methods.rc3 import RC3
+from methods.rc3 import PRETRAIN, RC3
 
 B, K, L, VOCAB, IMAGE = 8, 3, 12, 60, 16
 LANGUAGES = ("en", "de", "ja")
@@ -33,10 +34,19 @@ def config(*overrides):
     return compose(["method=rc3", *TINY, *overrides])
 
 
-def build(*overrides, seed=0):
+def build(*overrides, seed=0, phase=PRETRAIN):
     cfg = config(*overrides)
     torch.manual_seed(seed)
-    return RC3(cfg.method, cfg.optim, Info(), cfg.evaluation)
+    return RC3(cfg.method, cfg.optim, Info(), cfg.evaluation, phase=phase)
+
+
+def with_tiny_regions(*overrides, phase=PRETRAIN):
+    """RC3-ROI whose regions come from a random tiny ViT (width 8, 16 px images: 4 regions)."""
+    cfg = config("method.visual.strict_input=roi", *overrides)
+    with open_dict(cfg):
+        cfg.method.visual.regions = {"name": "tiny", "width": 8, "layers": 1, "heads": 2}
+    torch.manual_seed(0)
+    return RC3(cfg.method, cfg.optim, Info(), cfg.evaluation, phase=phase)
 
 
 def captions(gen, n=B, length=L):

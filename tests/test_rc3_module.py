@@ -6,11 +6,10 @@ import copy
 
 import pytest
 import torch
-from omegaconf import open_dict
-from rc3_helpers import B, LANGUAGES, Info, build, config, parallel_batch, train_batch
+from rc3_helpers import B, LANGUAGES, Info, build, parallel_batch, train_batch, with_tiny_regions
 
 from methods.layers.seq2seq import Encoded
-from methods.rc3 import RC3, VisualInput, mask_content
+from methods.rc3 import VisualInput, mask_content
 
 WEAK = [i % 2 == 1 for i in range(B)]
 
@@ -144,15 +143,6 @@ def test_roi_input_without_features_is_a_clear_error():
     module = build("method.visual.strict_input=roi")
     with pytest.raises(ValueError, match="roi_features"):
         seeded_losses(module, train_batch())
-
-
-def with_tiny_regions(*overrides):
-    """RC3-ROI whose regions come from a random tiny ViT (width 8, 16 px images: 4 regions)."""
-    cfg = config("method.visual.strict_input=roi", *overrides)
-    with open_dict(cfg):
-        cfg.method.visual.regions = {"name": "tiny", "width": 8, "layers": 1, "heads": 2}
-    torch.manual_seed(0)
-    return RC3(cfg.method, cfg.optim, Info(), cfg.evaluation)
 
 
 def test_grid_regions_stand_in_for_missing_roi_features_and_never_train():  # §2.8 (2)
