@@ -607,7 +607,7 @@ class RC3(RetrievalModule):
 
     def tagged_captions(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """Evaluation captions with their own language tags (from the evaluated view)."""
-        languages = self.caption_languages(self.eval_index)
+        languages = self.caption_languages(self.eval_batch["index"])
         tagged = input_ids.clone()
         for language in set(languages):
             rows = torch.tensor([lang == language for lang in languages], device=input_ids.device)

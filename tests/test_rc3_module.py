@@ -356,7 +356,7 @@ def test_evaluation_embeddings_do_not_depend_on_the_batch_they_come_in():
     ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
 
     def texts(rows, width):
-        module.eval_index = torch.as_tensor(rows)
+        module.eval_batch = {"index": torch.as_tensor(rows)}
         return module.encode_texts(ids[rows, :width], mask[rows, :width])
 
     def images(rows):

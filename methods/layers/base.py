@@ -71,7 +71,6 @@ class RetrievalModule(L.LightningModule):
         self.last_report: dict[str, float] | None = None
         self.evaluation: metrics.RetrievalEvaluation | None = None  # one per evaluation epoch
         self._last_batch_end: float | None = None
-        self.eval_index: Tensor | None = None  # item indices of the rows being encoded in evaluation
         self.eval_batch: dict | None = None  # the evaluation batch being encoded (None outside)
 
     # ---- what a method provides ---------------------------------------------------------------
@@ -169,15 +168,14 @@ class RetrievalModule(L.LightningModule):
         outputs are dropped: CPU kernels round differently for different shapes, and a DDP run's
         shards end in other short batches than one process does, so without one shape an item's
         embedding (and near-tied rankings) would depend on how the set was sharded.
-        ``self.eval_index`` holds the encoded rows' item indices (filled rows included), for
-        methods whose encoding depends on the item (e.g. its language); ``self.eval_batch`` the
-        whole filled batch while it is encoded, for methods that read more of it than images or
-        captions (e.g. an image's shipped ``roi_features``)."""
+        ``self.eval_batch`` holds the whole filled batch while it is encoded, for methods whose
+        encoding depends on the item (its ``index``, e.g. for its language) or reads more than
+        images or captions (e.g. an image's shipped ``roi_features``)."""
         rerank = self.eval_cfg.rerank_k > 0
         side = EVAL_SIDES[dataloader_idx]
         count = len(batch["index"])
         batch = fill_rows(batch, self._eval_batch_size(dataloader_idx))
-        self.eval_index, self.eval_batch = batch["index"], batch
+        self.eval_batch = batch
         if side == "images":
             emb = self.encode_images(batch["images"])
             cache = self.image_cache(batch["images"]) if rerank else None
