@@ -23,7 +23,10 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+from omegaconf import OmegaConf
+
 from experiments import cli
+from experiments.config import ConfigError, typed
 from experiments.runs import config_fingerprint, experiment_settings
 from metrics.protocol import METRIC_PROTOCOL
 
@@ -46,16 +49,28 @@ def load_results(runs: Path, split: str = "test") -> list[dict]:
             raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
         if result.get("split", "test") != split:
             continue
-        if "config_fingerprint" not in result:
-            if "config" not in result:
-                raise ValueError(f"{path}: has neither config_fingerprint nor config")
+        if "config" in result:
+            result["config"] = as_current_code_reads(result["config"], path)
             result["config_fingerprint"] = config_fingerprint(result["config"])
+        elif "config_fingerprint" not in result:
+            raise ValueError(f"{path}: has neither config_fingerprint nor config")
         result["_path"], result["_mtime"] = str(path), path.stat().st_mtime
         key = (result["method"], result["data"], result.get("run_id", str(path.parent)),
                result["scorer"], result["config_fingerprint"], _protocol_key(result))
         if key not in latest or result["_mtime"] > latest[key]["_mtime"]:
             latest[key] = result
     return list(latest.values())
+
+
+def as_current_code_reads(config: dict, path: Path) -> dict:
+    """A stored config with every setting the schema has gained since it was written filled with
+    its default, which by the schema's rule reproduces the old behaviour: a run from before
+    ``data.roi_features`` existed and one with it at null are the same experiment, one row.
+    A setting the schema no longer knows is an error naming the file."""
+    try:
+        return OmegaConf.to_container(typed(OmegaConf.create(config), "its config"), resolve=True)
+    except ConfigError as err:
+        raise ValueError(f"{path}: the current code cannot read this run's config: {err}") from None
 
 
 def _protocol_key(result: dict) -> str:

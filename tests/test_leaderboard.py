@@ -210,3 +210,21 @@ def test_a_row_scored_on_part_of_a_split_always_names_the_slice(tmp_path):
     assert rows[("ccrk+no_cl", 55.0)] == "data.splits.test=test[:100]"
     assert rows[("ccrk", 52.0)] == "data.splits.test=test[:100]"
     assert rows[("ccrk", 50.0)] == "data.splits.test=test"
+
+
+def test_a_run_from_before_a_setting_existed_joins_the_row_of_its_default(tmp_path):
+    """A config written before ``data.roi_regions`` existed reads as the default (36), which
+    reproduces the old behaviour: the same experiment, one row. Another value is another row."""
+    runs = tmp_path / "runs"
+    _write(runs / "old", "ccrk", 0, 40.0, config=_config(0))
+    _write(runs / "new", "ccrk", 1, 50.0, config=_config(1, data__roi_regions=36))
+    _write(runs / "other", "ccrk", 0, 70.0, config=_config(0, data__roi_regions=10))
+    rows = {r["settings"]: (r["seeds"], r["stats"]["mR"][0]) for r in build(runs, tmp_path / "out")}
+    assert rows == {"data.roi_regions=36": ([0, 1], 45.0), "data.roi_regions=10": ([0], 70.0)}
+
+
+def test_a_stored_setting_the_schema_no_longer_knows_names_the_file(tmp_path):
+    runs = tmp_path / "runs"
+    _write(runs / "gone", "ccrk", 0, 40.0, config=_config(0, data__retired_knob=1))
+    with pytest.raises(ValueError, match=r"gone/metrics.json: .*data.retired_knob"):
+        load_results(runs)
