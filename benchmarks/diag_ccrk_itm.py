@@ -77,7 +77,7 @@ def what_is_wrong(parsed: tuple[list[tuple], str | None], scene: dict) -> str:
 
 def training_batches(data, rng: random.Random):
     """Endless batches of BATCH random train records, one shared caption index in every language."""
-    records, languages, transform = data.records("train"), list(data.languages), data._transform()
+    records, languages, transform = data.records("train"), list(data.languages), data.image_transform()
     while True:
         rows = rng.sample(range(len(records)), BATCH)
         shared = [rng.randrange(len(records[j].captions["en"])) for j in rows]

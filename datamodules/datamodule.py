@@ -353,7 +353,7 @@ class CCRDataModule(L.LightningDataModule):
             backbones.build_backbones(
                 target, synthetic.load_split(pretrain, synthetic.PRETRAIN), self.languages,
                 self._build_tokenizer(), int(self.cfg.max_length), pretrain / "images",
-                self._transform(), recipe, check=synthetic.load_split(world, "val"),
+                self.image_transform(), recipe, check=synthetic.load_split(world, "val"),
             )
         return backbones.encoder_specs(target, recipe, int(self.cfg.image_size))
 
@@ -385,7 +385,8 @@ class CCRDataModule(L.LightningDataModule):
         return self._build_tokenizer()
 
     # ---- loaders ------------------------------------------------------------------------------
-    def _transform(self) -> ImageTransform:
+    def image_transform(self) -> ImageTransform:
+        """Pixels of one image as every loader of this data reads them (size, mean, std)."""
         return ImageTransform(int(self.cfg.image_size), self.cfg.image_mean, self.cfg.image_std)
 
     def _check_languages(self, languages: list[str]) -> None:
@@ -413,7 +414,7 @@ class CCRDataModule(L.LightningDataModule):
                 f"{languages} and are left out"
             )
         dataset = TrainDataset(
-            records, languages, self.image_root, self._transform(), self._labels,
+            records, languages, self.image_root, self.image_transform(), self._labels,
             parallel=self.captions_parallel, rois=self._image_rois("train", records),
         )
         if dataset.unaligned:
@@ -462,7 +463,7 @@ class CCRDataModule(L.LightningDataModule):
                 relevance=relevance,
                 image_paths=[self.image_root / r.image for r in records],
                 captions=captions,
-                transform=self._transform(),
+                transform=self.image_transform(),
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,
                 num_workers=int(self.cfg.num_workers),
