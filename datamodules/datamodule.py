@@ -7,8 +7,9 @@ which of its splits play train/val/test, the languages, and loader/tokenizer set
 
 from __future__ import annotations
 
+import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -328,25 +329,38 @@ class CCRDataModule(L.LightningDataModule):
             max_length=int(self.cfg.max_length),
             image_size=int(self.cfg.image_size),
             num_objects=len(labels),
-            backbones=backbones.LazyBackbones(self._world_backbones),
+            backbones=backbones.LazyBackbones(self._world_builders()),
             roi_dim=None if self.roi_store is None else self.roi_store.dim,
             roi_store=None if self.roi_store is None else self.roi_store.describe(),
         )
 
-    def _world_backbones(self) -> dict[str, dict]:
-        """The synthetic world's pretrained encoders (built and cached when missing) as the
-        settings ``name: world`` resolves to; none for real data or ``data.backbones: null``."""
+    def _world_builders(self) -> dict[str, Callable[[], dict]]:
+        """How to build (or read from the cache) each of the synthetic world's pretrained
+        backbones, as the settings ``world`` resolves to; none for real data or
+        ``data.backbones: null``."""
         if not self.is_synthetic or self.cfg.get("backbones") is None:
             return {}
-        recipe = backbones.BackboneRecipe.from_config(
+        encoders = functools.cache(self._world_encoders)
+        return {"text": lambda: encoders()["text"], "image": lambda: encoders()["image"],
+                "seq2seq": self._world_seq2seq}
+
+    def _world_settings(self) -> dict:
+        return {"languages": self.languages, "image_size": int(self.cfg.image_size),
+                "image_mean": list(self.cfg.image_mean), "image_std": list(self.cfg.image_std),
+                "max_length": int(self.cfg.max_length)}
+
+    def _world_recipe(self) -> backbones.BackboneRecipe:
+        return backbones.BackboneRecipe.from_config(
             OmegaConf.to_container(self.cfg.backbones, resolve=True)
         )
+
+    def _world_encoders(self) -> dict[str, dict]:
+        """The world's tiny XLM-R and ViT (``name: world``)."""
+        recipe = self._world_recipe()
         knobs = self._world_knobs().clean()  # the pretrain split does not depend on the corruptions
         world = synthetic.build_world(self.cfg.root, knobs)
-        settings = {"languages": self.languages, "image_size": int(self.cfg.image_size),
-                    "image_mean": list(self.cfg.image_mean), "image_std": list(self.cfg.image_std),
-                    "max_length": int(self.cfg.max_length)}
-        target = backbones.backbone_dir(self.cfg.root, world, self._build_tokenizer(), settings, recipe)
+        target = backbones.backbone_dir(self.cfg.root, world, self._build_tokenizer(),
+                                        self._world_settings(), recipe)
         if not (target / backbones.SUMMARY).exists():
             rank_zero_info(f"building the world's pretrained backbones in {target}")
             pretrain = synthetic.build_pretrain(world, knobs)
@@ -356,6 +370,22 @@ class CCRDataModule(L.LightningDataModule):
                 self.image_transform(), recipe, check=synthetic.load_split(world, "val"),
             )
         return backbones.encoder_specs(target, recipe, int(self.cfg.image_size))
+
+    def _world_seq2seq(self) -> dict:
+        """The world's tiny mBART (RC3's ``backbone.pretrained: world``), on the encoders' seed."""
+        recipe = self._world_recipe()
+        knobs = self._world_knobs().clean()
+        world = synthetic.build_world(self.cfg.root, knobs)
+        settings = {"languages": self.languages, "max_length": int(self.cfg.max_length)}
+        target = backbones.seq2seq_dir(self.cfg.root, world, self._build_tokenizer(), settings,
+                                       recipe)
+        if not (target / backbones.SUMMARY).exists():
+            rank_zero_info(f"building the world's pretrained mBART in {target}")
+            pretrain = synthetic.build_pretrain(world, knobs)
+            backbones.build_seq2seq(target, synthetic.load_split(pretrain, synthetic.PRETRAIN),
+                                    self.languages, self._build_tokenizer(),
+                                    int(self.cfg.max_length), recipe)
+        return backbones.seq2seq_spec(target)
 
     def _build_tokenizer(self) -> Tokenizer:
         if self._tokenizer is None:

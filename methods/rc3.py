@@ -18,8 +18,10 @@ read from the batch (``roi_features`` with its ``roi_mask``: a dataset's precomp
 features, ``data.roi_features``) or else the grid regions of a frozen image backbone (spec §2.8),
 or raw-pixel patches (RC3-Patch); weak triplets always use patches. Retrieval is the paper's
 cross-encoder ITM score, applied to each query's top ``evaluation.rerank_k`` candidates of a first
-stage: a linear probe (image-only pass of the encoder, mean visual state; text TR) trained with
-InfoNCE on detached features, so it never changes what RC3 trains.
+stage: linear probe heads trained with InfoNCE on detached features, so they never change what RC3
+trains. They read frozen pretrained encoders (``method.first_stage.image_encoder`` /
+``text_encoder``, the world's ViT and XLM-R by default), or, when those are null, RC3's own passes
+(image-only pass, mean visual state; text TR).
 
 The run's ``protocol`` picks the stages (spec §5): ``fine-tune-en`` (the paper's) pre-trains, then
 fine-tunes for image-text retrieval on English training captions (IGLUE/VOLTA's 4-candidate
@@ -56,7 +58,8 @@ from methods.layers.euclidean_contrastive import (
 from methods.layers.heads import MLMHead, ProjectionHead
 from methods.layers.masking import IGNORE_INDEX, maskable_positions
 from methods.layers.regions import GridRegions
-from methods.layers.seq2seq import SingleStreamSeq2Seq
+from methods.layers.first_stage import FrozenEncoders
+from methods.layers.seq2seq import SingleStreamSeq2Seq, world_backbone
 from methods.registry import register
 
 VISUAL_INPUTS = ("patch", "roi", "combined")
@@ -255,15 +258,26 @@ class RC3(RetrievalModule):
         roi_dim = None  # no ROI projection for RC3-Patch
         if reads_regions:
             roi_dim = self.regions.dim if self.regions is not None else cfg.visual.roi_dim
-        self.net = SingleStreamSeq2Seq(cfg.backbone, data.languages, data.vocab_size,
+        self.net = SingleStreamSeq2Seq(world_backbone(cfg.backbone, data), data.languages, data.vocab_size,
                                        data.pad_token_id, data.cls_token_id, data.eos_token_id, roi_dim)
         d = self.net.d_model
         self.itm_head = nn.Linear(d, 1)
         self.mlm_head = MLMHead(d, self.net.vocab_size, tie_to=self.net.model.shared)
         self.xtcl_tracker = PosProbTracker(cfg.tracker_window)
         self.vt_tracker = PosProbTracker(cfg.tracker_window)
-        self.probe_image = ProjectionHead(d, cfg.first_stage.dim)
-        self.probe_text = ProjectionHead(d, cfg.first_stage.dim)
+        first = cfg.first_stage
+        if (first.image_encoder is None) != (first.text_encoder is None):
+            raise ValueError("method.first_stage: name both image_encoder and text_encoder, or "
+                             "neither (the probe then reads RC3's own passes)")
+        try:
+            self.first_encoders = (FrozenEncoders(first.image_encoder, first.text_encoder, data)
+                                   if first.image_encoder is not None else None)
+        except ValueError as err:
+            raise ValueError(f"method.first_stage: {err}; or set method.first_stage.image_encoder"
+                             f" and text_encoder to null to probe RC3's own passes") from None
+        own = self.first_encoders is None
+        self.probe_image = ProjectionHead(d if own else self.first_encoders.image_dim, first.dim)
+        self.probe_text = ProjectionHead(d if own else self.first_encoders.text_dim, first.dim)
         self.parallel_batches = None  # the XTCL stream, attached on the first training step
         self._eval_split = "val"
         reads_patches = cfg.use_rxvtcl and cfg.use_weak and phase == PRETRAIN
@@ -388,10 +402,25 @@ class RC3(RetrievalModule):
     def probe_loss(self, t: Triplets, visual: VisualInput, layout: RowLayout) -> Tensor:
         """InfoNCE of the first-stage probe heads on detached features (no gradient to the net),
         negatives from the global batch (a collective when any process has rows)."""
-        with torch.no_grad():
-            image = self.image_only_features(visual)[: t.real]
-            text = self.text_representation(t.ids_i, t.mask_i, t.lang_i)[: t.real]
+        image = self.first_stage_image(t.images, visual)[: t.real]
+        text = self.first_stage_text(t.ids_i, t.mask_i, t.lang_i)[: t.real]
         return self.probe_info_nce(self.probe_image(image), self.probe_text(text), layout)
+
+    @torch.no_grad()
+    def first_stage_image(self, images: Tensor, visual: VisualInput) -> Tensor:
+        """Detached image features the probe reads: the frozen first-stage encoder's, or RC3's
+        image-only pass over ``visual``."""
+        if self.first_encoders is not None:
+            return self.first_encoders.image_features(images)
+        return self.image_only_features(visual)
+
+    @torch.no_grad()
+    def first_stage_text(self, input_ids: Tensor, attention_mask: Tensor, language: str) -> Tensor:
+        """Detached caption features the probe reads: the frozen first-stage encoder's (untagged
+        input), or RC3's TR."""
+        if self.first_encoders is not None:
+            return self.first_encoders.text_features(input_ids, attention_mask)
+        return self.text_representation(input_ids, attention_mask, language)
 
     def probe_info_nce(self, image: Tensor, text: Tensor, layout: RowLayout) -> Tensor:
         """InfoNCE over probe embeddings, or an exact zero on every process when none has a row."""
@@ -490,9 +519,8 @@ class RC3(RetrievalModule):
         captions = self.tag(ids, mask, ENGLISH)
         roi = [batch[key][rows] if key in batch else None for key in ("roi_features", "roi_mask")]
         visual = self.visual_tokens(batch["images"][rows], *roi)
-        with torch.no_grad():
-            image_features = self.image_only_features(visual)
-            text_features = self.net.encode(captions, mask).pooled
+        image_features = self.first_stage_image(batch["images"][rows], visual)
+        text_features = self.first_stage_text(ids, mask, ENGLISH)
         image, text = self.probe_image(image_features), self.probe_text(text_features)
         same = same_image_rows([batch["ids"][int(i)] for i in rows]).to(image.device)
         negatives = itr_negatives(image.detach() @ text.detach().T, same)
@@ -597,6 +625,9 @@ class RC3(RetrievalModule):
         return (batch["roi_features"], batch["roi_mask"]) if "roi_features" in batch else ()
 
     def encode_images(self, images: Tensor) -> Tensor:
+        if self.first_encoders is not None:
+            return in_fixed_shape(lambda rows: self.probe_image(self.first_encoders.image_features(rows)),
+                                  images)
         return in_fixed_shape(
             lambda *rows: self.probe_image(self.image_only_features(self.eval_visual(*rows))),
             images, *self.shipped_rois())
@@ -619,6 +650,10 @@ class RC3(RetrievalModule):
         in calls of one fixed shape (``in_fixed_shape``)."""
         input_ids, attention_mask = pad_to(input_ids, attention_mask, self.data_info.max_length,
                                            self.data_info.pad_token_id)
+        if self.first_encoders is not None:
+            return in_fixed_shape(
+                lambda ids, mask: self.probe_text(self.first_encoders.text_features(ids, mask)),
+                input_ids, attention_mask)
         tagged = self.tagged_captions(input_ids, attention_mask)
         return in_fixed_shape(lambda ids, mask: self.probe_text(self.net.encode(ids, mask).pooled),
                               tagged, attention_mask)

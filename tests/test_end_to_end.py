@@ -54,11 +54,11 @@ LEARNABLE_WORLD = [
     "trainer.check_val_every_n_epoch=1000", "optim.warmup_steps=5", "trainer.progress_refresh_rate=0",
 ]
 LEARNING_STEPS = 60
-# rc3 is the one method trained from random init (a single-stream mBART; the paper starts from
-# mBART-50, which the world does not have): its ITM head, the retrieval scorer, starts to separate
-# pairs after ~150 steps of pre-training. Measured mR on this world, pre-training alone: 47.4 at 60
-# steps, 52.6 at 150, 53.6 at 300. It runs its whole protocol (fine-tune-en): 300 pre-training
-# steps, then ITR fine-tuning on the English captions.
+# rc3 is the one method trained from random init (a single-stream mBART; the world's denoising
+# mBART is an option, not the default): its ITM head, the retrieval scorer, starts to separate
+# pairs after ~150 steps of pre-training (docs/rc3.md, measured with its earlier first stage). It
+# runs its whole protocol (fine-tune-en): 300 pre-training steps, then ITR fine-tuning on the
+# English captions.
 OWN_LEARNING_STEPS = {"mclip": [f"method.{stage}.max_steps={LEARNING_STEPS}" for stage in
                          ("teacher", "translation.nmt", "translation.ctl", "trikd")],
                "rc3": ["method.pretrain.max_steps=300", "method.finetune.max_steps=100"]}

@@ -228,7 +228,8 @@ def test_data_without_the_key_ships_no_features(dataset):
 RC3_TINY = ["method=rc3", "method.backbone.d_model=32", "method.backbone.heads=2",
             "method.backbone.ffn_dim=64", "method.first_stage.dim=16", f"method.visual.roi_dim={DIM}",
             "method.visual.strict_input=roi", "evaluation.rerank_k=3", "method.pretrain.max_steps=1",
-            "method.finetune.max_steps=1",
+            "method.finetune.max_steps=1", "method.first_stage.image_encoder=null",
+            "method.first_stage.text_encoder=null",
             "trainer.progress_refresh_rate=0", "trainer.log_every_n_steps=1"]
 
 

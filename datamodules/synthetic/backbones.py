@@ -3,6 +3,8 @@ loaders read: a Hugging Face folder (``text/``, loaded by ``hf:<path>``) holding
 the data tokenizer, and a timm state dict (``image/model.pth``) of a tiny ViT.
 
 Method presets name them ``world`` (``image_encoder.name: world``, ``text_encoder.name: world``);
+RC3 names the world's tiny mBART (``method.backbone.pretrained: world``), built only when asked
+for into its own folder ``<root>/seq2seq-<digest>/``;
 ``DataInfo.backbones`` carries the encoder settings that name resolves to (see
 ``methods.layers.encoders.resolve_world``). The cache folder is
 ``<root>/backbones-<digest>/``, the digest covering the world, the tokenizer, the image settings
@@ -34,19 +36,26 @@ from ..datasets import ImageTransform
 from ..records import Record
 from ..tokenization import Tokenizer
 from .pretrain_image import ImageRecipe, pretrain_image
+from .pretrain_seq2seq import Seq2SeqRecipe, pretrain_seq2seq
 from .pretrain_text import TextRecipe, pretrain_text
 
 BACKBONES_VERSION = 1
-TEXT_DIR, IMAGE_FILE, SUMMARY = "text", "image/model.pth", "backbones.json"
+TEXT_DIR, IMAGE_FILE, SUMMARY, SEQ2SEQ_DIR = "text", "image/model.pth", "backbones.json", "seq2seq"
+SEQ2SEQ_VERSION = 1
 
 
 @dataclass(frozen=True)
 class BackboneRecipe:
-    """``data.backbones``: how both backbones are built (architecture, steps, seed)."""
+    """``data.backbones``: how the backbones are built (architecture, steps, seed)."""
 
     seed: int = 0
     text: TextRecipe = TextRecipe()
     image: ImageRecipe = ImageRecipe()
+    seq2seq: Seq2SeqRecipe = Seq2SeqRecipe()  # optional in the config: RC3's world mBART
+
+    def encoders(self) -> dict:
+        """The part of the recipe the text and image encoders' build depends on."""
+        return {k: v for k, v in asdict(self).items() if k != "seq2seq"}
 
     @classmethod
     def from_config(cls, cfg: Mapping[str, Any]) -> BackboneRecipe:
@@ -60,33 +69,32 @@ class BackboneRecipe:
         values = dict(cfg)
         text = build(TextRecipe, values.pop("text", {}) or {}, "data.backbones.text")
         image = build(ImageRecipe, values.pop("image", {}) or {}, "data.backbones.image")
-        return build(cls, {**values, "text": text, "image": image}, "data.backbones")
+        seq2seq = build(Seq2SeqRecipe, values.pop("seq2seq", {}) or {}, "data.backbones.seq2seq")
+        return build(cls, {**values, "text": text, "image": image, "seq2seq": seq2seq}, "data.backbones")
 
 
 class LazyBackbones(Mapping):
-    """``DataInfo.backbones``: the encoder settings per modality, built (or read from the cache)
-    on first look, so a run whose encoders never name ``world`` never pays for the build. A copy
-    (as a checkpoint's hyper-parameters take) is a plain dict of what was built, and never builds."""
+    """``DataInfo.backbones``: the settings per backbone (``text``, ``image``, ``seq2seq``), each
+    built (or read from the cache) on first look, so a run that never names ``world`` never pays
+    for a build, and one that names only the world mBART never builds the encoders. A copy (as a
+    checkpoint's hyper-parameters take) is a plain dict of what was built, and never builds."""
 
-    def __init__(self, build: Callable[[], dict[str, dict]]):
-        self._build, self._specs = build, None
-
-    def _resolved(self) -> dict[str, dict]:
-        if self._specs is None:
-            self._specs = self._build()
-        return self._specs
+    def __init__(self, builders: Mapping[str, Callable[[], dict]]):
+        self._builders, self._specs = dict(builders), {}
 
     def __getitem__(self, key: str) -> dict:
-        return self._resolved()[key]
+        if key not in self._specs:
+            self._specs[key] = self._builders[key]()
+        return self._specs[key]
 
     def __iter__(self) -> Iterator[str]:
-        return iter(self._resolved())
+        return iter(self._builders)
 
     def __len__(self) -> int:
-        return len(self._resolved())
+        return len(self._builders)
 
     def __deepcopy__(self, memo) -> dict[str, dict]:
-        return json.loads(json.dumps(self._specs or {}))
+        return json.loads(json.dumps(self._specs))
 
 
 def tokenizer_digest(tokenizer: Tokenizer) -> str:
@@ -106,9 +114,48 @@ def backbone_dir(root: str | Path, world: Path, tokenizer: Tokenizer,
     """Where the backbones for this world, tokenizer, data settings (languages, image size and
     normalisation, max length) and recipe live."""
     key = json.dumps({"world": Path(world).name, "tokenizer": tokenizer_digest(tokenizer),
-                      "settings": dict(settings), "recipe": asdict(recipe),
+                      "settings": dict(settings), "recipe": recipe.encoders(),
                       "version": BACKBONES_VERSION}, sort_keys=True)
     return Path(root) / f"backbones-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def seq2seq_dir(root: str | Path, world: Path, tokenizer: Tokenizer, settings: Mapping[str, Any],
+                recipe: BackboneRecipe) -> Path:
+    """Where the world mBART for this world, tokenizer, languages, max length and recipe lives."""
+    key = json.dumps({"world": Path(world).name, "tokenizer": tokenizer_digest(tokenizer),
+                      "settings": dict(settings), "recipe": asdict(recipe.seq2seq), "seed": recipe.seed,
+                      "version": SEQ2SEQ_VERSION}, sort_keys=True)
+    return Path(root) / f"seq2seq-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
+
+
+def seq2seq_spec(folder: Path) -> dict:
+    """What ``method.backbone.pretrained: world`` resolves to (RC3)."""
+    return {"pretrained": str((folder / SEQ2SEQ_DIR).resolve())}
+
+
+def build_seq2seq(target: Path, records: list[Record], languages: list[str], tokenizer: Tokenizer,
+                  max_length: int, recipe: BackboneRecipe) -> Path:
+    """Pretrain the world mBART on ``records`` unless ``target`` holds it; like
+    :func:`build_backbones`, on its own seed and moved into place atomically."""
+    if (target / SUMMARY).exists():
+        return target
+    with isolate_rng():
+        started = time.perf_counter()
+        staging = target.with_name(f".{target.name}.{os.getpid()}")
+        shutil.rmtree(staging, ignore_errors=True)
+        model, loss = pretrain_seq2seq(records, languages, tokenizer, max_length, recipe.seq2seq,
+                                       recipe.seed)
+        model.save_pretrained(staging / SEQ2SEQ_DIR)
+        save_tokenizer(tokenizer, staging / SEQ2SEQ_DIR)
+        summary = {"recipe": asdict(recipe.seq2seq), "seed": recipe.seed, "languages": languages,
+                   "pretrain_records": len(records), "denoising_loss": round(loss, 4),
+                   "total_seconds": round(time.perf_counter() - started, 1)}
+        (staging / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
+        try:
+            os.replace(staging, target)
+        except OSError:  # another process finished the same build first
+            shutil.rmtree(staging, ignore_errors=True)
+    return target
 
 
 def encoder_specs(folder: Path, recipe: BackboneRecipe, image_size: int) -> dict[str, dict]:
@@ -146,7 +193,7 @@ def build_backbones(target: Path, records: list[Record], languages: list[str],
         image_model, f1 = pretrain_image(records, image_root, transform, recipe.image, recipe.seed)
         torch.save(image_model.state_dict(), staging / IMAGE_FILE)
         summary = {
-            "recipe": asdict(recipe), "languages": languages, "pretrain_records": len(records),
+            "recipe": recipe.encoders(), "languages": languages, "pretrain_records": len(records),
             "text_mlm_loss": round(mlm_loss, 4), "image_label_f1": round(f1, 4),
             "text_seconds": round(text_seconds, 1),
             "total_seconds": round(time.perf_counter() - started, 1),
@@ -218,8 +265,8 @@ def main(argv: list[str] | None = None) -> None:
     data.prepare_data()
     data.setup("fit")
     for kind, spec in data.info.backbones.items():
-        print(f"{kind}: {spec['name']}" + (f" (weights {spec['pretrained']})"
-                                          if isinstance(spec["pretrained"], str) else ""))
+        print(f"{kind}: {spec.get('name', 'mBART')}" + (f" (weights {spec['pretrained']})"
+                                                      if isinstance(spec["pretrained"], str) else ""))
 
 
 if __name__ == "__main__":

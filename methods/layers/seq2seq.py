@@ -17,6 +17,7 @@ Token embeddings are scaled by √d, visual tokens are not; positions count over
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -39,6 +40,32 @@ class Encoded:
     def pooled(self) -> Tensor:
         """The state at index 0: TR for text-only inputs, VtR for fused ones."""
         return self.states[:, 0]
+
+
+WORLD = "world"
+ARCHITECTURE = {"d_model": "d_model", "heads": "encoder_attention_heads", "ffn_dim": "encoder_ffn_dim",
+                "encoder_layers": "encoder_layers", "decoder_layers": "decoder_layers"}
+
+
+def world_backbone(backbone: Mapping[str, Any], data: Any) -> dict[str, Any]:
+    """``backbone`` with ``pretrained: world`` (the synthetic world's pretrained tiny mBART,
+    ``DataInfo.backbones["seq2seq"]``) turned into its local folder; other settings as they are."""
+    backbone = dict(backbone)
+    if backbone.get("pretrained") != WORLD:
+        return backbone
+    provided = getattr(data, "backbones", None) or {}
+    if "seq2seq" not in provided:
+        raise ValueError("method.backbone.pretrained=world is the synthetic world's pretrained mBART, "
+                         "which this data does not provide (only data=synthetic with data.backbones "
+                         "set); name a local mBART folder or null (random init)")
+    folder = provided["seq2seq"]["pretrained"]
+    config = json.loads((Path(folder) / "config.json").read_text())
+    differing = [f"{key}={backbone[key]} (world mBART: {config[field]})"
+                 for key, field in ARCHITECTURE.items() if key in backbone and backbone[key] != config[field]]
+    if differing:
+        raise ValueError(f"method.backbone: {', '.join(differing)}; with pretrained=world the "
+                         f"world mBART fixes the architecture")
+    return {**backbone, "pretrained": folder}
 
 
 def build_mbart(backbone: Mapping[str, Any], vocab_size: int, pad_token_id: int,
