@@ -135,21 +135,33 @@ def seq2seq_spec(folder: Path) -> dict:
 
 def build_seq2seq(target: Path, records: list[Record], languages: list[str], tokenizer: Tokenizer,
                   max_length: int, recipe: BackboneRecipe) -> Path:
-    """Pretrain the world mBART on ``records`` unless ``target`` holds it; like
-    :func:`build_backbones`, on its own seed and moved into place atomically."""
+    """Pretrain the world mBART on ``records`` unless ``target`` holds it (like
+    :func:`build_backbones`, through :func:`build_once`)."""
+    def build(staging: Path) -> dict:
+        model, loss = pretrain_seq2seq(records, languages, tokenizer, max_length, recipe.seq2seq,
+                                       recipe.seed)
+        model.save_pretrained(staging / SEQ2SEQ_DIR)
+        save_tokenizer(tokenizer, staging / SEQ2SEQ_DIR)
+        return {"recipe": asdict(recipe.seq2seq), "seed": recipe.seed, "languages": languages,
+                "pretrain_records": len(records), "denoising_loss": round(loss, 4)}
+
+    return build_once(target, build)
+
+
+def build_once(target: Path, build: Callable[[Path], dict]) -> Path:
+    """``target`` as a finished build: ``build(staging)`` writes a fresh staging folder and returns
+    its summary, which lands in ``SUMMARY`` (with the build's seconds) before the folder is moved
+    into place atomically; a folder that already has its summary is a cache hit. The build runs
+    on its own seed and leaves the global random state as it found it: a run builds lazily after
+    seeding, and the run that builds must train exactly as every run that hits the cache."""
     if (target / SUMMARY).exists():
         return target
     with isolate_rng():
         started = time.perf_counter()
         staging = target.with_name(f".{target.name}.{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
-        model, loss = pretrain_seq2seq(records, languages, tokenizer, max_length, recipe.seq2seq,
-                                       recipe.seed)
-        model.save_pretrained(staging / SEQ2SEQ_DIR)
-        save_tokenizer(tokenizer, staging / SEQ2SEQ_DIR)
-        summary = {"recipe": asdict(recipe.seq2seq), "seed": recipe.seed, "languages": languages,
-                   "pretrain_records": len(records), "denoising_loss": round(loss, 4),
-                   "total_seconds": round(time.perf_counter() - started, 1)}
+        staging.mkdir(parents=True)
+        summary = {**build(staging), "total_seconds": round(time.perf_counter() - started, 1)}
         (staging / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
         try:
             os.replace(staging, target)
@@ -173,18 +185,11 @@ def build_backbones(target: Path, records: list[Record], languages: list[str],
                     transform: ImageTransform, recipe: BackboneRecipe,
                     check: list[Record] | None = None) -> Path:
     """Pretrain both backbones on ``records`` (the world's pretrain split) unless ``target`` holds
-    them; ``check`` (e.g. the val split) measures the text encoder's translation preference.
-
-    The build runs on its own seed and leaves the global random state as it found it: a run builds
-    lazily after seeding, and the run that builds must train exactly as every run that hits the
-    cache."""
-    if (target / SUMMARY).exists():
-        return target
-    with isolate_rng():
+    them (:func:`build_once`); ``check`` (e.g. the val split) measures the text encoder's
+    translation preference."""
+    def build(staging: Path) -> dict:
         started = time.perf_counter()
-        staging = target.with_name(f".{target.name}.{os.getpid()}")
-        shutil.rmtree(staging, ignore_errors=True)
-        (staging / "image").mkdir(parents=True)
+        (staging / "image").mkdir()
         text_model, mlm_loss = pretrain_text(records, languages, tokenizer, max_length, recipe.text,
                                              recipe.seed)
         text_seconds = time.perf_counter() - started
@@ -196,17 +201,13 @@ def build_backbones(target: Path, records: list[Record], languages: list[str],
             "recipe": recipe.encoders(), "languages": languages, "pretrain_records": len(records),
             "text_mlm_loss": round(mlm_loss, 4), "image_label_f1": round(f1, 4),
             "text_seconds": round(text_seconds, 1),
-            "total_seconds": round(time.perf_counter() - started, 1),
         }
         if check and "en" in languages and len(languages) > 1:
             summary["translation_preference"] = round(
                 translation_preference(text_model.roberta, tokenizer, check, languages, max_length), 4)
-        (staging / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
-        try:
-            os.replace(staging, target)
-        except OSError:  # another process finished the same build first
-            shutil.rmtree(staging, ignore_errors=True)
-    return target
+        return summary
+
+    return build_once(target, build)
 
 
 def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
