@@ -51,6 +51,7 @@ class EvaluationConfig:
     unimodal_ndcg_ks: List[int] = bounded_list([10, 20, 50], minimum=1)
     chunk_size: int = bounded(1024, minimum=1)
     rerank_k: int = bounded(0, minimum=0)
+    select_on: Optional[str] = None       # a val report key (en/mR): test the final stage's best step
 
 
 @dataclass

@@ -29,6 +29,12 @@ from experiments.runs import (
     save_config,
     write_metrics,
 )
+from experiments.selection import (
+    check_selection,
+    keep_selected,
+    recorded_selection,
+    selection_checkpoint,
+)
 from experiments.trainer import (
     StopOnNonFiniteLoss,
     Throughput,
@@ -130,6 +136,8 @@ def train(cfg: DictConfig) -> Path:
         if notice:
             print(f"note: {notice}", flush=True)
         check_trainable(cfg, data, stages)
+        final = stages[-1]
+        check_selection(cfg, final.dataloader(data), final.max_steps or cfg.trainer.max_steps)
         return _train_stages(cfg, run_dir, data, stages)
 
 
@@ -140,8 +148,10 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
     previous: Path | None = None
     stage_steps: dict[str, int] = {}
     resumed_from = None
+    selected = None
     for index, stage in enumerate(stages):
         folder = checkpoint_dir(run_dir, stages, stage)
+        final = index == len(stages) - 1
         # Each stage starts from its own seed: a stage's result depends on the seed and the
         # previous stage's checkpoint only, whether or not that stage ran in this process.
         L.seed_everything(cfg.seed + index, workers=True, verbose=False)
@@ -151,6 +161,7 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
             checkpoint = load_checkpoint(done)
             module.load_state_dict(checkpoint["state_dict"])
             stage_steps[stage.name] = int(checkpoint["global_step"])
+            selected = recorded_selection(folder) if final else None
             previous = done
             continue
         resume = resume_checkpoint(folder, cfg.ckpt_path)
@@ -160,13 +171,17 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
             resumed_from = step if resumed_from is None else resumed_from
             name = f"{folder.name}-resumed-at-{step}"
         position = TrainingPosition()
-        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name)]
+        selection = selection_checkpoint(cfg, folder) if final else None
+        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name),
+                     *([selection] if selection else [])]
         trainer = build_trainer(cfg, run_dir, folder, stage.max_steps, callbacks=callbacks,
                                 log_version=free_log_version(run_dir, name))
         trainer.fit(module, datamodule=StageData(data, stage, position), ckpt_path=resume,
                     weights_only=True)
         if trainer.global_step == 0:
             raise ValueError(f"stage '{stage.name}' trained zero steps")
+        if selection:  # the test scores the best validation's weights, not the last step's
+            selected = keep_selected(selection, module, stage.name)
         trainer.save_checkpoint(done, weights_only=True)  # the weights and step: all a later stage needs
         stage_steps[stage.name] = trainer.global_step
         previous = done
@@ -181,6 +196,7 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
             train_steps=sum(stage_steps.values()),
             stage_steps=stage_steps,
             resumed_from_step=resumed_from,
+            **({"selected": selected} if selected else {}),
         )
         print(f"metrics: {run_dir / 'metrics.json'}  mR={module.last_report['mR']:.2f}")
     return run_dir
