@@ -81,6 +81,26 @@ def test_no_kl_switch_treats_weak_pairs_as_full_positives():
     assert full["rxvtcl"] > no_kl["rxvtcl"]
 
 
+def test_without_weak_rows_no_kl_trains_exactly_like_the_full_model():
+    """At weak_fraction 0 the regulariser has nothing to act on: the "w/o KL" ablation is the
+    full model, bit for bit (so its rows at weak_fraction 0 are rc3's)."""
+    batch = train_batch(weak=[False] * B)
+    trained = []
+    for variant in ("full", "no_kl"):
+        module = build(f"variant={variant}")
+        optimiser = torch.optim.Adam(module.parameters(), lr=1e-3)
+        for step in range(3):
+            torch.manual_seed(step)
+            losses = module.losses(batch, parallel_batch())
+            optimiser.zero_grad()
+            module.total_loss(losses).backward()
+            optimiser.step()
+        assert "kl" not in losses
+        trained.append(module.state_dict())
+    assert trained[0].keys() == trained[1].keys()
+    assert all(torch.equal(trained[0][k], trained[1][k]) for k in trained[0])
+
+
 def test_no_rxvtcl_and_no_xtcl_switches():
     batch = nan_weak_images(train_batch(weak=WEAK))
     no_rx = seeded_losses(build("variant=no_rxvtcl"), batch)
