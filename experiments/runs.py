@@ -40,7 +40,7 @@ CHECKPOINT_GLOBS = ("checkpoints/*.ckpt", "stages/*/*.ckpt")
 EXECUTION_ONLY = (
     "seed", "run_id", "run_dir", "ckpt_path",
     "trainer.progress_refresh_rate", "trainer.log_every_n_steps",
-    "trainer.checkpoint_every_n_steps", "trainer.cpu_threads",
+    "trainer.checkpoint_every_n_steps", "trainer.cpu_threads", "method.cpu_threads",
     "data.num_workers", "data.root", "data.image_root", "data.cache_dir",
     "data.tokenizer.download",
 )

@@ -83,3 +83,14 @@ def test_every_preset_combination_composes_against_the_schema():
         for data in available("data"):
             cfg = compose([f"method={method}", f"data={data}"])
             assert isinstance(list(cfg.data.languages), list)
+
+
+def test_the_cpu_preset_takes_the_methods_thread_count_and_it_is_execution_only():
+    from experiments.runs import config_fingerprint
+
+    rc3, clip = compose(["method=rc3"]), compose(["method=clip"])
+    assert rc3.trainer.cpu_threads == 2 and clip.trainer.cpu_threads == 1  # clip declares none
+    assert compose(["method=rc3", "trainer.cpu_threads=1"]).trainer.cpu_threads == 1  # the CLI wins
+    assert compose(["method=rc3", "trainer=gpu"]).trainer.cpu_threads is None  # torch's default
+    one_thread = compose(["method=rc3", "method.cpu_threads=1", "trainer.cpu_threads=1"])
+    assert config_fingerprint(one_thread) == config_fingerprint(rc3)  # same experiment, same row

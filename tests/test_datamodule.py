@@ -263,3 +263,29 @@ def test_a_sampler_resumed_in_a_later_epoch_continues_that_epochs_order():
     resumed.resume(2, 8)
     assert list(resumed) == expected
     assert all(epoch == 2 for epoch, _ in expected)
+
+
+class _Draws(torch.utils.data.Dataset):
+    """Each item: four numbers from torch's global RNG (what a caption or crop choice reads)."""
+
+    def __len__(self) -> int:
+        return 5
+
+    def __getitem__(self, index: int) -> torch.Tensor:
+        return torch.rand(4)
+
+
+def test_seeded_items_draw_from_the_item_seed_and_leave_accelerator_rngs_alone(monkeypatch):
+    from datamodules.datamodule import SeededItems
+
+    reseeded = []
+    for module in (torch.cuda, torch.xpu, torch.mtia):  # what torch.manual_seed also reseeds
+        if hasattr(module, "manual_seed_all"):
+            monkeypatch.setattr(module, "manual_seed_all", lambda seed, m=module: reseeded.append(m))
+    items = SeededItems(_Draws(), seed=3)
+    before = torch.get_rng_state()
+    drawn = items[(2, 4)]
+    expected = torch.rand(4, generator=torch.Generator().manual_seed((3 * 1_000_003 + 2) * 1_000_033 + 4))
+    assert torch.equal(drawn, expected)  # the (seed, epoch, index) stream: resumes and old runs agree
+    assert torch.equal(torch.get_rng_state(), before)  # the caller's CPU RNG is restored
+    assert reseeded == []  # a GPU run's dropout RNG is not reseeded by every item loaded
