@@ -23,6 +23,7 @@ TINY_WORLD = [
     "data.synthetic.num_pretrain=48",
     "data.batch_size=8", "data.eval_batch_size=16", "data.tokenizer.vocab_size=400",
     "data.languages=[en,de,ja]",
+    "trainer.cpu_threads=1",  # one torch thread per pytest worker, whatever the method's count (rc3: 2)
 ]
 # Methods with several stages carry their own step budgets; keep each to two steps here.
 SHORT_STAGES = {
@@ -52,6 +53,7 @@ LEARNABLE_WORLD = [
     "data.synthetic.max_objects=1", "data.synthetic.background_prob=0.0", "data.synthetic.mention_prob=1.0",
     "data.batch_size=16", "data.eval_batch_size=16", "data.tokenizer.vocab_size=300", "data.languages=[en,de]",
     "trainer.check_val_every_n_epoch=1000", "optim.warmup_steps=5", "trainer.progress_refresh_rate=0",
+    "trainer.cpu_threads=1",
 ]
 LEARNING_STEPS = 60
 # rc3 is the one method trained from random init (a single-stream mBART; the world's denoising

@@ -230,7 +230,8 @@ RC3_TINY = ["method=rc3", "method.backbone.d_model=32", "method.backbone.heads=2
             "method.visual.strict_input=roi", "evaluation.rerank_k=3", "method.pretrain.max_steps=1",
             "method.finetune.max_steps=1", "method.first_stage.image_encoder=null",
             "method.first_stage.text_encoder=null",
-            "trainer.progress_refresh_rate=0", "trainer.log_every_n_steps=1"]
+            "trainer.progress_refresh_rate=0", "trainer.log_every_n_steps=1",
+            "trainer.cpu_threads=1"]  # two pytest workers share the cores
 
 
 def test_rc3_trains_and_scores_on_the_shipped_features(dataset, monkeypatch):
