@@ -15,31 +15,17 @@ from __future__ import annotations
 import argparse
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import lightning as L
 import torch
 
+from bench_throughput import StepTimer  # a sibling script: python benchmarks/bench_threads.py
 from experiments.config import compose
 from experiments.train import StageData, build_datamodule, stages_of
 from experiments.trainer import TrainingPosition, build_trainer
 
 THREADS = (1, 2)
-
-
-class StepTimer(L.Callback):
-    """Seconds from training batch ``warmup`` to the end of the last batch."""
-
-    def __init__(self, warmup: int) -> None:
-        self.warmup, self.start, self.end = warmup, None, None
-
-    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
-        if trainer.global_step == self.warmup:
-            self.start = time.perf_counter()
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.end = time.perf_counter()
 
 
 def seconds_per_step(cfg, data, stage, index: int, threads: int, steps: int, warmup: int) -> float:
