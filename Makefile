@@ -13,7 +13,7 @@ OUT    ?=
 EXTRAS ?= dev,demo
 LEADERBOARD = $(PY) -m experiments.leaderboard --runs $(RUNS) $(if $(OUT),--out $(OUT))
 
-.PHONY: setup train eval report leaderboard compare demo test bench clean
+.PHONY: setup train eval report leaderboard compare demo test test-all lint format typecheck bench clean
 
 setup: $(STAMP)
 
@@ -55,8 +55,24 @@ demo: $(STAMP)
 	@test -n "$(CKPT)" || { echo "usage: make demo CKPT=runs/.../checkpoints/last.ckpt [ARGS=...]"; exit 2; }
 	$(PY) -m demo ckpt=$(CKPT) $(ARGS)
 
+# The fast tests; test-all (what CI runs) adds the slow end-to-end ones (@pytest.mark.slow).
 test: $(STAMP)
+	$(PY) -m pytest -q -n 2 -m "not slow"
+
+test-all: $(STAMP)
 	$(PY) -m pytest -q -n 2
+
+# The gate every change passes (CI runs it before the tests): ruff's rules and its formatter.
+lint: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff check --fix .
+	$(PY) -m ruff format .
+
+typecheck: $(STAMP)
+	$(PY) -m mypy
 
 bench: $(STAMP)
 	$(PY) benchmarks/bench_metrics.py
