@@ -39,7 +39,7 @@ from timm.optim import Lamb
 from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
-import methods
+from methods.clip import CLIPModule
 from methods.layers.base import RetrievalModule, Stage, load_state
 from methods.layers.batches import trim_padding
 from methods.layers.distillation import (
@@ -212,7 +212,7 @@ class ClipBaselineTeacher(nn.Module):
 
     def __init__(self, method, optim, data, evaluation):
         super().__init__()
-        self.model = methods.get("clip")(method.teacher.clip, optim, data, evaluation)
+        self.model = CLIPModule(method.teacher.clip, optim, data, evaluation)
         self.embed_dim = method.teacher.clip.embed_dim
 
     def encode_images(self, images: Tensor) -> Tensor:
