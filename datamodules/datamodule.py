@@ -181,12 +181,15 @@ def parse_split(spec: str, key: str) -> tuple[str, int | None]:
 
 class CCRDataModule(L.LightningDataModule):
     """Records -> validated splits -> batches. ``seed`` drives caption sampling choices made here
-    (parallel-batch grouping); the synthetic world has its own ``synthetic.seed``."""
+    (parallel-batch grouping); the synthetic world has its own ``synthetic.seed``. ``loader``
+    (``experiments.trainer.loader_settings``: the machine's ``num_workers``, ``pin_memory``,
+    ``prefetch_factor``) sets up the training loaders; default: ``data.num_workers`` workers."""
 
-    def __init__(self, cfg: DictConfig, seed: int = 0):
+    def __init__(self, cfg: DictConfig, seed: int = 0, loader: Mapping | None = None):
         super().__init__()
         self.cfg = cfg
         self.seed = seed
+        self.loader = {"num_workers": int(cfg.num_workers), **(loader or {})}
         self.languages = [str(lang) for lang in cfg.languages]
         self._records: dict[str, list[Record]] = {}
         self._views: dict[str, EvalView] = {}
@@ -463,9 +466,9 @@ class CCRDataModule(L.LightningDataModule):
             self.seed,
             batch_size=int(batch_size or self.cfg.batch_size),
             drop_last=True,
-            num_workers=int(self.cfg.num_workers),
-            persistent_workers=int(self.cfg.num_workers) > 0,
+            persistent_workers=self.loader["num_workers"] > 0,
             collate_fn=collate,
+            **self.loader,
         )
 
     def eval_view(self, role: str) -> EvalView:
@@ -498,7 +501,7 @@ class CCRDataModule(L.LightningDataModule):
                 transform=self.image_transform(),
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,
-                num_workers=int(self.cfg.num_workers),
+                num_workers=self.loader["num_workers"],
                 mrv_languages=None if self.cfg.get("mrv_languages") is None
                 else [str(lang) for lang in self.cfg.mrv_languages],
                 rois=self._image_rois(role, records),
@@ -580,6 +583,6 @@ class CCRDataModule(L.LightningDataModule):
             dataset,
             self.seed,
             batch_size=None,
-            num_workers=int(self.cfg.num_workers),
             collate_fn=ParallelCollate(self.tokenizer, max_length),
+            **self.loader,
         )
