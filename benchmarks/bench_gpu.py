@@ -12,7 +12,8 @@ three timed loops of ``--steps`` steps after ``--warmup``:
 * ``bare``: a plain PyTorch loop (autocast as the trainer's precision, the method's AdamW groups and
   schedule, gradient clipping) on batches already on the device: what the model allows;
 * ``lightning``: the suite's Trainer (``experiments.trainer.build_trainer``: loggers, progress bar,
-  checkpoint callback) on those same pre-loaded batches: the framework's overhead;
+  checkpoint callback, and the callbacks ``experiments.train`` adds: throughput, training position,
+  the non-finite-loss stop) on those same pre-loaded batches: the framework's overhead;
 * ``loader``: the same Trainer fed by the real training DataLoader: what a user's run gets.
 
 FLOPs per step are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one training step
@@ -175,7 +176,7 @@ def lightning_seconds(module, cfg, loader: Iterable, steps: int, warmup: int,
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from experiments.trainer import build_trainer
+    from experiments.trainer import StopOnNonFiniteLoss, Throughput, TrainingPosition, build_trainer
 
     class Timer(L.Callback):
         start = end = None
@@ -191,8 +192,9 @@ def lightning_seconds(module, cfg, loader: Iterable, steps: int, warmup: int,
                 self.end = time.perf_counter()
 
     timer = Timer()
+    callbacks = [Throughput(), TrainingPosition(), StopOnNonFiniteLoss("bench"), timer]  # a run's
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_trainer(cfg, Path(tmp), Path(tmp) / "checkpoints", warmup + steps, [timer])
+        trainer = build_trainer(cfg, Path(tmp), Path(tmp) / "checkpoints", warmup + steps, callbacks)
         for callback in trainer.callbacks:  # no multi-GB last.ckpt at the end of a benchmark
             if isinstance(callback, ModelCheckpoint):
                 callback.save_last = False
@@ -225,10 +227,11 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
 
     import methods
     from experiments.train import build_datamodule
-    from experiments.trainer import configure_threads
+    from experiments.trainer import configure_matmul_precision, configure_threads
 
     cfg = run_config(method, args, work)
     configure_threads(cfg)
+    configure_matmul_precision(cfg)
     data = build_datamodule(cfg, roles=("train",))
     with open_dict(cfg):
         cfg.method = paper_method(method, cfg.method, data.info, tiny=args.tiny)
@@ -251,7 +254,7 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
     precision = cfg.trainer.precision
     row = {"method": method, "params_M": sum(p.numel() for p in module.parameters()) / 1e6,
            "batch": cfg.data.batch_size, "precision": precision,
-           "num_workers": cfg.data.num_workers}
+           "num_workers": data.loader["num_workers"], "image_cache": bool(cfg.data.image_cache)}
     flops = step_flops(module, batches[0], device, precision)
     row["gflops_per_sample"] = flops / cfg.data.batch_size / 1e9
     loops = {
@@ -305,7 +308,8 @@ def table(rows: list[dict], device_name: str, peak: float | None, args) -> str:
     for r in rows:
         lines.append(f"- {r['method']}: loader/bare {r['loader/bare']:.2f}, lightning/bare "
                      f"{r['lightning/bare']:.2f}, loader/lightning {r['loader/lightning']:.2f} "
-                     f"({r['num_workers']} loader workers, batch {r['batch']}, {r['precision']})")
+                     f"({r['num_workers']} loader workers{', image cache' if r['image_cache'] else ''}, "
+                     f"batch {r['batch']}, {r['precision']})")
     return "\n".join(lines)
 
 

@@ -32,6 +32,7 @@ from .datasets import (
     TrainDataset,
     collate_images,
 )
+from .image_cache import CachedImages, cached_images
 from .parallel_batches import parallel_batches
 from .readers import captions_parallel, read_dataset
 from .readers.parallel_text import ParallelText, read_parallel_text
@@ -137,7 +138,7 @@ class EvalView:
     relevance: torch.Tensor | None
     image_paths: list[Path] = field(repr=False)
     captions: list[str] = field(repr=False)
-    transform: ImageTransform = field(repr=False)
+    transform: ImageTransform | CachedImages = field(repr=False)
     tokenizer: Tokenizer = field(repr=False)
     max_length: int = field(repr=False)
     num_workers: int = field(repr=False)
@@ -424,6 +425,16 @@ class CCRDataModule(L.LightningDataModule):
         """Pixels of one image as every loader of this data reads them (size, mean, std)."""
         return ImageTransform(int(self.cfg.image_size), self.cfg.image_mean, self.cfg.image_std)
 
+    def images(self, paths: list[Path]) -> ImageTransform | CachedImages:
+        """How the loaders read these image files: decoded and resized per item, or with
+        ``data.image_cache`` from their pre-sized cache in ``<data.cache_dir>/image-cache``
+        (built on first use; the same pixels)."""
+        transform = self.image_transform()
+        if not self.cfg.get("image_cache"):
+            return transform
+        return cached_images(paths, transform, Path(self.cfg.cache_dir) / "image-cache",
+                             self.loader["num_workers"])
+
     def _check_languages(self, languages: list[str]) -> None:
         unknown = [lang for lang in languages if lang not in self.languages]
         if unknown or not languages:
@@ -449,7 +460,8 @@ class CCRDataModule(L.LightningDataModule):
                 f"{languages} and are left out"
             )
         dataset = TrainDataset(
-            records, languages, self.image_root, self.image_transform(), self._labels,
+            records, languages, self.image_root,
+            self.images([self.image_root / r.image for r in records]), self._labels,
             parallel=self.captions_parallel, rois=self._image_rois("train", records),
         )
         if dataset.unaligned:
@@ -498,7 +510,7 @@ class CCRDataModule(L.LightningDataModule):
                 relevance=relevance,
                 image_paths=[self.image_root / r.image for r in records],
                 captions=captions,
-                transform=self.image_transform(),
+                transform=self.images([self.image_root / r.image for r in records]),
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,
                 num_workers=self.loader["num_workers"],

@@ -6,7 +6,7 @@ per item) and build the tensors. Everything here is picklable, so it runs in wor
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
 import numpy as np
@@ -30,12 +30,19 @@ class ImageTransform:
         self.std = torch.tensor(list(std), dtype=torch.float32).view(3, 1, 1)
 
     def __call__(self, path: Path) -> torch.Tensor:
+        return self.normalise(self.pixels(path))
+
+    def pixels(self, path: Path) -> np.ndarray:
+        """The decoded, resized RGB image as uint8 [size, size, 3] (what an image cache stores)."""
         with Image.open(path) as image:
             image = image.convert("RGB")
             if image.size != (self.size, self.size):
                 image = image.resize((self.size, self.size), Image.Resampling.BICUBIC)
-            pixels = torch.from_numpy(np.asarray(image, dtype=np.uint8).copy())
-        return (pixels.permute(2, 0, 1).float() / 255.0 - self.mean) / self.std
+            return np.asarray(image, dtype=np.uint8).copy()
+
+    def normalise(self, pixels: np.ndarray) -> torch.Tensor:
+        """uint8 [H, W, 3] -> float [3, H, W], scaled to [0, 1] and normalised per channel."""
+        return (torch.from_numpy(pixels).permute(2, 0, 1).float() / 255.0 - self.mean) / self.std
 
 
 class TrainDataset(Dataset):
@@ -53,7 +60,7 @@ class TrainDataset(Dataset):
         records: list[Record],
         languages: list[str],
         image_root: Path,
-        transform: ImageTransform,
+        transform: Callable[[Path], torch.Tensor],
         label_index: dict[str, int],
         parallel: bool,
         rois: ImageRois | None = None,
@@ -158,7 +165,8 @@ class ImageDataset(Dataset):
     """Unique images of an evaluation view, each with its index, and its shipped ROI features
     when there are ``rois`` (aligned with ``paths``)."""
 
-    def __init__(self, paths: list[Path], transform: ImageTransform, rois: ImageRois | None = None):
+    def __init__(self, paths: list[Path], transform: Callable[[Path], torch.Tensor],
+                 rois: ImageRois | None = None):
         self.paths, self.transform, self.rois = paths, transform, rois
 
     def __len__(self) -> int:

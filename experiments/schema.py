@@ -109,6 +109,7 @@ class DataConfig:
     image_std: List[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
     max_length: int = bounded(48, minimum=3)
     on_missing_image: str = "error"
+    image_cache: bool = False           # decode + resize every image once into cache_dir/image-cache
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     synthetic: Optional[Dict[str, Any]] = None
     backbones: Optional[Dict[str, Any]] = None  # the synthetic world's pretrained encoders

@@ -61,3 +61,45 @@ def test_training_loader_takes_the_settings_and_gives_the_same_batches(tmp_path)
                 assert torch.equal(value, got[key]), key
             else:
                 assert value == got[key], key
+
+
+def test_cached_images_are_exactly_the_pixels_of_the_direct_path(tmp_path):
+    from PIL import Image
+
+    from datamodules.datasets import ImageTransform
+    from datamodules.image_cache import cached_images
+
+    gen = torch.Generator().manual_seed(0)
+    paths = []
+    for i, (w, h, kind) in enumerate([(50, 37, "JPEG"), (37, 50, "PNG"), (24, 24, "JPEG")]):
+        pixels = torch.randint(0, 256, (h, w, 3), generator=gen, dtype=torch.uint8).numpy()
+        paths.append(tmp_path / f"{i}.{kind.lower()}")
+        Image.fromarray(pixels).save(paths[-1], kind)
+    transform = ImageTransform(24, [0.5, 0.4, 0.3], [0.2, 0.25, 0.3])
+    cached = cached_images(paths + paths[:1], transform, tmp_path / "cache", workers=0)
+    for path in reversed(paths):
+        assert torch.equal(cached(path), transform(path))
+    assert len(list((tmp_path / "cache").glob("*.npy"))) == 1
+    again = cached_images(paths, transform, tmp_path / "cache")  # reused, not rebuilt
+    assert again.file == cached.file
+    import os
+    os.utime(paths[0], ns=(1, 1))  # a changed file gets a new cache
+    assert cached_images(paths, transform, tmp_path / "cache").file != cached.file
+    with pytest.raises(KeyError, match="not among the images cached"):
+        cached(tmp_path / "other.png")
+
+
+def test_datamodule_with_the_image_cache_gives_the_same_batches_and_eval_images(tmp_path):
+    plain = CCRDataModule(synthetic_cfg(tmp_path, num_workers=0), seed=0)
+    cached = CCRDataModule(synthetic_cfg(tmp_path, num_workers=0, image_cache=True), seed=0)
+    for module in (plain, cached):
+        module.prepare_data()
+        module.setup("fit")
+    for expected, got in zip(plain.train_dataloader(), cached.train_dataloader()):
+        assert torch.equal(expected["images"], got["images"])
+        assert torch.equal(expected["input_ids"], got["input_ids"])
+    plain_images = next(iter(plain.eval_view("val").image_loader(4)))["images"]
+    cached_view = cached.eval_view("val")
+    assert type(cached_view.transform).__name__ == "CachedImages"
+    assert torch.equal(plain_images, next(iter(cached_view.image_loader(4)))["images"])
+    assert list((tmp_path / "image-cache").glob("*.npy"))
