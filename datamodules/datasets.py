@@ -28,6 +28,10 @@ class ImageTransform:
         self.size = size
         self.mean = torch.tensor(list(mean), dtype=torch.float32).view(3, 1, 1)
         self.std = torch.tensor(list(std), dtype=torch.float32).view(3, 1, 1)
+        # every byte value's normalised float per channel, by the same float32 operations as
+        # normalising each pixel: looking them up gives the same bits at about half the cost
+        values = torch.arange(256, dtype=torch.float32).view(1, 256, 1)
+        self.table = ((values / 255.0 - self.mean) / self.std).view(3, 256).numpy()
 
     def __call__(self, path: Path) -> torch.Tensor:
         return self.normalise(self.pixels(path))
@@ -41,8 +45,11 @@ class ImageTransform:
             return np.asarray(image, dtype=np.uint8).copy()
 
     def normalise(self, pixels: np.ndarray) -> torch.Tensor:
-        """uint8 [H, W, 3] -> float [3, H, W], scaled to [0, 1] and normalised per channel."""
-        return (torch.from_numpy(pixels).permute(2, 0, 1).float() / 255.0 - self.mean) / self.std
+        """uint8 [H, W, 3] -> float [3, H, W]: (pixels / 255 - mean) / std per channel."""
+        out = np.empty((3, *pixels.shape[:2]), dtype=np.float32)
+        for channel in range(3):
+            np.take(self.table[channel], pixels[..., channel], out=out[channel])
+        return torch.from_numpy(out)
 
 
 class TrainDataset(Dataset):

@@ -103,3 +103,13 @@ def test_datamodule_with_the_image_cache_gives_the_same_batches_and_eval_images(
     assert type(cached_view.transform).__name__ == "CachedImages"
     assert torch.equal(plain_images, next(iter(cached_view.image_loader(4)))["images"])
     assert list((tmp_path / "image-cache").glob("*.npy"))
+
+
+def test_normalising_by_lookup_gives_the_bits_of_the_per_pixel_arithmetic_for_every_byte():
+    from datamodules.datasets import ImageTransform
+
+    transform = ImageTransform(4, [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
+    every_byte = torch.arange(256, dtype=torch.uint8).view(16, 16, 1).repeat(1, 1, 3)
+    every_byte[..., 1] = every_byte[..., 1].flip(0)  # channels see the bytes at other positions
+    arithmetic = (every_byte.permute(2, 0, 1).float() / 255.0 - transform.mean) / transform.std
+    assert torch.equal(transform.normalise(every_byte.numpy()), arithmetic)
