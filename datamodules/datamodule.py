@@ -64,6 +64,9 @@ class DataInfo:
     # read (store, image, field); None when it ships none
     roi_dim: int | None = None
     roi_store: str | None = None
+    # data.pad_to_multiple: training captions padded to the batch's longest, rounded up to a
+    # multiple of this (None: to max_length); methods whose training depends on it refuse it
+    pad_to_multiple: int | None = None
 
 
 class SeededItems(Dataset):
@@ -338,6 +341,7 @@ class CCRDataModule(L.LightningDataModule):
             backbones=backbones.LazyBackbones(self._world_builders()),
             roi_dim=None if self.roi_store is None else self.roi_store.dim,
             roi_store=None if self.roi_store is None else self.roi_store.describe(),
+            pad_to_multiple=self.cfg.get("pad_to_multiple"),
         )
 
     def _world_builders(self) -> dict[str, Callable[[], dict]]:
@@ -471,7 +475,8 @@ class CCRDataModule(L.LightningDataModule):
             )
         with_alignment = any("alignment" in r.extras for r in records)
         collate = TrainCollate(
-            self.tokenizer, self.info.max_length, languages, len(self._labels), with_alignment
+            self.tokenizer, self.info.max_length, languages, len(self._labels), with_alignment,
+            pad_to_multiple=self.info.pad_to_multiple,
         )
         return training_loader(
             dataset,

@@ -119,7 +119,11 @@ class TrainDataset(Dataset):
 class TrainCollate:
     """Stack a training batch: ``input_ids``/``attention_mask`` [B,K,L], ``present`` [B,K], plus
     ``objects`` (multi-hot), ``alignment_weak`` and ``roi_features`` [B,R,D] / ``roi_mask`` [B,R]
-    when the data has them."""
+    when the data has them.
+
+    L is ``max_length``; with ``pad_to_multiple`` it is the batch's longest caption rounded up to
+    a multiple of it (at most ``max_length``): the same tokens without the pad columns no caption
+    of the batch reaches, in a few distinct shapes."""
 
     def __init__(
         self,
@@ -128,9 +132,11 @@ class TrainCollate:
         languages: list[str],
         num_labels: int,
         with_alignment: bool,
+        pad_to_multiple: int | None = None,
     ):
         self.tokenizer, self.max_length, self.languages = tokenizer, max_length, languages
         self.num_labels, self.with_alignment = num_labels, with_alignment
+        self.pad_to_multiple = pad_to_multiple
 
     def __call__(self, items: list[dict]) -> dict:
         batch_size, k = len(items), len(self.languages)
@@ -141,6 +147,10 @@ class TrainCollate:
         attention_mask = tokens["attention_mask"].view(batch_size, k, -1)
         input_ids = input_ids.masked_fill(~present[..., None], self.tokenizer.pad_token_id)
         attention_mask = attention_mask.masked_fill(~present[..., None], 0)
+        if self.pad_to_multiple:
+            longest = max(int(attention_mask.sum(-1).max()), 1)
+            length = min(self.max_length, -(-longest // self.pad_to_multiple) * self.pad_to_multiple)
+            input_ids, attention_mask = input_ids[..., :length], attention_mask[..., :length]
         batch = {
             "images": torch.stack([item["image"] for item in items]),
             "input_ids": input_ids,

@@ -108,6 +108,7 @@ class DataConfig:
     image_mean: List[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
     image_std: List[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
     max_length: int = bounded(48, minimum=3)
+    pad_to_multiple: Optional[int] = bounded(None, minimum=1)  # training captions: batch's longest, rounded up
     on_missing_image: str = "error"
     image_cache: bool = False           # decode + resize every image once into cache_dir/image-cache
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
