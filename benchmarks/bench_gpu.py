@@ -41,7 +41,7 @@ from torch.utils.flop_counter import FlopCounterMode
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from paper_models import PAPER_PRESET, paper_method  # noqa: E402
+from paper_models import PAPER_PRESET, paper_method
 
 # Dense (no sparsity) bf16 tensor-core peaks in TFLOP/s from the vendors' datasheets, matched by
 # the first name fragment found in torch.cuda.get_device_name(): put specific names first.
@@ -276,10 +276,6 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
     row["loader/bare"] = row["loader"]["samples_per_s"] / row["bare"]["samples_per_s"]
     row["lightning/bare"] = row["lightning"]["samples_per_s"] / row["bare"]["samples_per_s"]
     row["loader/lightning"] = row["loader"]["samples_per_s"] / row["lightning"]["samples_per_s"]
-    del module, batches, data
-    gc.collect()
-    if device.type == "cuda":
-        torch.cuda.empty_cache()
     return row
 
 
@@ -292,9 +288,10 @@ def loop_row(seconds_per_step: float, batch_size: int, flops_per_step: int,
 
 def table(rows: list[dict], device_name: str, peak: float | None, args) -> str:
     """The results as a Markdown table."""
-    lines = [f"bench_gpu on {device_name}, peak {peak if peak is not None else '?'} TFLOP/s, "
+    title = (f"bench_gpu on {device_name}, peak {peak if peak is not None else '?'} TFLOP/s, "
              f"{args.image_size} px, max_length {args.max_length}, {args.steps} timed steps after "
-             f"{args.warmup}{' (tiny sizes)' if args.tiny else ''}", "",
+             f"{args.warmup}{' (tiny sizes)' if args.tiny else ''}")
+    lines = [title, "",
              "| method | params M | GFLOP/sample | loop | s/step | samples/s | peak GiB | MFU |",
              "|---|---|---|---|---|---|---|---|"]
     for r in rows:
@@ -356,6 +353,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
         work = Path(args.work or tmp)
         for method in args.methods.split(","):
             rows.append(measure(method, args, work, device))
+            gc.collect()  # the method's model, batches and loaders, before the next is built
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     report = table(rows, device_name, args.peak, args)
     print(report, flush=True)
     if args.json:

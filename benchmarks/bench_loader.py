@@ -30,8 +30,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.datasets import ImageTransform  # noqa: E402
-from datamodules.image_cache import cached_images  # noqa: E402
+from datamodules.datasets import ImageTransform
+from datamodules.image_cache import cached_images
 
 MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 
