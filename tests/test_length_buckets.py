@@ -1,5 +1,5 @@
-"""Length buckets (methods/layers/length_buckets.py): the groups and lengths of sorting by caption
-length, fetched to the host in one copy (each copy is a synchronisation on a GPU)."""
+"""Host reads (each a GPU synchronisation) in ccrk's training step: the length buckets' groups and
+lengths fetched in one copy, and hard sampling's own-caption weights taken by a view."""
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -17,7 +17,11 @@ class HostReads(TorchFunctionMode):
         self.count = 0
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
-        self.count += getattr(func, "__name__", "") in HOST_READS
+        name = getattr(func, "__name__", "")
+        index = args[1] if name == "__getitem__" else ()
+        boolean_index = any(torch.is_tensor(i) and i.dtype == torch.bool
+                            for i in (index if isinstance(index, tuple) else (index,)))
+        self.count += name in HOST_READS or boolean_index  # a boolean index reads its count back
         return func(*args, **(kwargs or {}))
 
 
@@ -44,3 +48,17 @@ def test_the_group_lengths_reach_the_host_in_one_read_whatever_the_bucket_count(
         with HostReads() as reads:
             length_buckets(mask, buckets)
         assert reads.count == 1, buckets
+
+
+def test_hard_sampling_reads_back_only_its_argument_check_and_picks_each_instances_own_captions():
+    from methods.layers.hard_sampling import caption_owner_mask, own_block, sampling_weights
+
+    matrix = torch.randn(5, 5 * 3)
+    own = caption_owner_mask(5, 3, matrix.device)
+    assert torch.equal(own_block(matrix, 3), matrix[own].view(5, 3))
+    image_feat = torch.nn.functional.normalize(torch.randn(5, 8), dim=-1)
+    text_feat = torch.nn.functional.normalize(torch.randn(15, 8), dim=-1)
+    for mode in ("reference", "paper"):
+        with HostReads() as reads:
+            sampling_weights(image_feat, text_feat, 0.07, mode)
+        assert reads.count == 1, mode  # "an instance has no present caption"
