@@ -14,7 +14,8 @@ three timed loops of ``--steps`` steps after ``--warmup``:
 * ``lightning``: the suite's Trainer (``experiments.trainer.build_trainer``: loggers, progress bar,
   checkpoint callback, and the callbacks ``experiments.train`` adds: throughput, training position,
   the non-finite-loss stop) on those same pre-loaded batches: the framework's overhead;
-* ``loader``: the same Trainer fed by the real training DataLoader: what a user's run gets.
+* ``loader``: the same Trainer fed by the real training DataLoader: what a user's run gets
+  (``--jpeg 500x375``: with the world's images re-encoded as JPEG photos of real-data size).
 
 FLOPs per step are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one training step
 (forward and backward: matmuls, convolutions, attention); MFU = FLOPs per step / seconds per step /
@@ -204,6 +205,23 @@ def lightning_seconds(module, cfg, loader: Iterable, steps: int, warmup: int,
     return timer.end - timer.start
 
 
+def as_jpeg_photos(image_dir: Path, size: str) -> None:
+    """Re-encode the benchmark world's images in place as JPEGs of ``size`` ("500x375", quality 90):
+    the decoding and resizing cost of real photos. File names stay (PIL reads by content); a marker
+    file makes it once per world."""
+    from PIL import Image
+
+    marker = image_dir / f".jpeg-{size}"
+    if marker.exists():
+        return
+    width, height = (int(side) for side in size.split("x"))
+    for path in sorted(p for p in image_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
+        with Image.open(path) as image:
+            photo = image.convert("RGB").resize((width, height), Image.Resampling.BICUBIC)
+        photo.save(path, "JPEG", quality=90)
+    marker.touch()
+
+
 def run_config(method: str, args, work: Path):
     """The composed run config: the method's paper preset on the synthetic world at the
     benchmark's sizes, then the command line's ``key=value`` overrides."""
@@ -233,6 +251,8 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
     configure_threads(cfg)
     configure_matmul_precision(cfg)
     data = build_datamodule(cfg, roles=("train",))
+    if args.jpeg:
+        as_jpeg_photos(data.image_root, args.jpeg)
     with open_dict(cfg):
         cfg.method = paper_method(method, cfg.method, data.info, tiny=args.tiny)
     L.seed_everything(cfg.seed, verbose=False)
@@ -290,7 +310,8 @@ def table(rows: list[dict], device_name: str, peak: float | None, args) -> str:
     """The results as a Markdown table."""
     title = (f"bench_gpu on {device_name}, peak {peak if peak is not None else '?'} TFLOP/s, "
              f"{args.image_size} px, max_length {args.max_length}, {args.steps} timed steps after "
-             f"{args.warmup}{' (tiny sizes)' if args.tiny else ''}")
+             f"{args.warmup}{' (tiny sizes)' if args.tiny else ''}"
+             f"{f', images as {args.jpeg} JPEG' if args.jpeg else ''}")
     lines = [title, "",
              "| method | params M | GFLOP/sample | loop | s/step | samples/s | peak GiB | MFU |",
              "|---|---|---|---|---|---|---|---|"]
@@ -322,6 +343,8 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 5; tiny: 1)")
     parser.add_argument("--image-size", type=int, default=None, help="default: 224 (tiny: 32)")
     parser.add_argument("--render-size", type=int, default=None, help="world's rendered side (default: image size)")
+    parser.add_argument("--jpeg", default=None, metavar="WxH",
+                        help="re-encode the world's images as JPEG photos of this size, e.g. 500x375")
     parser.add_argument("--max-length", type=int, default=None, help="caption tokens (default: 40; tiny: 16)")
     parser.add_argument("--num-train", type=int, default=None, help="world's train images (default: 4096; tiny: 16)")
     parser.add_argument("--cached-batches", type=int, default=4, help="distinct pre-loaded batches")

@@ -40,7 +40,8 @@ def test_paper_model_refuses_a_method_it_has_no_paper_size_for():
 
 def test_tiny_cpu_run_reports_three_loops_whose_mfu_and_ratios_follow_from_its_own_numbers(tmp_path):
     rows = bench_gpu.main(["--tiny", "--methods", "clip", "--peak-tflops", "0.5", "--work", str(tmp_path),
-                           "--json", str(tmp_path / "bench.json"), "trainer.progress_refresh_rate=0"])
+                           "--json", str(tmp_path / "bench.json"), "--jpeg", "40x30",
+                           "trainer.progress_refresh_rate=0"])
     (row,) = rows
     assert row["method"] == "clip" and row["batch"] == 4
     flops_per_step = row["gflops_per_sample"] * 1e9 * row["batch"]
@@ -52,3 +53,15 @@ def test_tiny_cpu_run_reports_three_loops_whose_mfu_and_ratios_follow_from_its_o
     assert row["lightning/bare"] == pytest.approx(
         row["lightning"]["samples_per_s"] / row["bare"]["samples_per_s"])
     assert (tmp_path / "bench.json").exists()
+
+
+def test_world_images_become_jpeg_photos_of_the_asked_size_once(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(tmp_path / "a.png")
+    bench_gpu.as_jpeg_photos(tmp_path, "20x15")
+    with Image.open(tmp_path / "a.png") as image:
+        assert (image.format, image.size) == ("JPEG", (20, 15))
+    (tmp_path / "a.png").write_bytes(b"changed")
+    bench_gpu.as_jpeg_photos(tmp_path, "20x15")  # the marker: not re-encoded
+    assert (tmp_path / "a.png").read_bytes() == b"changed"
