@@ -18,7 +18,8 @@ three timed loops of ``--steps`` steps after ``--warmup``:
   (``--jpeg 500x375``: with the world's images re-encoded as JPEG photos of real-data size).
 
 FLOPs per step are counted by ``torch.utils.flop_counter.FlopCounterMode`` over one training step
-(forward and backward: matmuls, convolutions, attention); MFU = FLOPs per step / seconds per step /
+(forward and backward: matmuls, convolutions, and attention on CUDA, whose kernels the counter
+knows, unlike the CPU one); MFU = FLOPs per step / seconds per step /
 the device's peak (``PEAK_TFLOPS`` by device name, or ``--peak-tflops``). Trailing ``key=value``
 arguments override the run config (``data.num_workers=12``, ``trainer.precision=32-true``).
 """
