@@ -13,7 +13,7 @@ OUT    ?=
 EXTRAS ?= dev,demo
 LEADERBOARD = $(PY) -m experiments.leaderboard --runs $(RUNS) $(if $(OUT),--out $(OUT))
 
-.PHONY: setup train eval report leaderboard compare demo test test-all lint format typecheck bench clean
+.PHONY: setup train eval report leaderboard compare demo test test-all lint format typecheck bench bench-gpu clean
 
 setup: $(STAMP)
 
@@ -77,6 +77,11 @@ typecheck: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/bench_metrics.py
 	$(PY) benchmarks/bench_throughput.py
+
+# Paper-size training throughput on one GPU: bare loop / Lightning / real loader, FLOPs, MFU
+# (docs/benchmarks.md). ARGS: --methods clip,ccrk --steps 30 data.num_workers=12 ...; --tiny on a CPU.
+bench-gpu: $(STAMP)
+	$(PY) benchmarks/bench_gpu.py $(ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache

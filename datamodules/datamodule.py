@@ -32,6 +32,7 @@ from .datasets import (
     TrainDataset,
     collate_images,
 )
+from .image_cache import CachedImages, cached_images
 from .parallel_batches import parallel_batches
 from .readers import captions_parallel, read_dataset
 from .readers.parallel_text import ParallelText, read_parallel_text
@@ -63,6 +64,9 @@ class DataInfo:
     # read (store, image, field); None when it ships none
     roi_dim: int | None = None
     roi_store: str | None = None
+    # data.pad_to_multiple: training captions padded to the batch's longest, rounded up to a
+    # multiple of this (None: to max_length); methods whose training depends on it refuse it
+    pad_to_multiple: int | None = None
 
 
 class SeededItems(Dataset):
@@ -137,7 +141,7 @@ class EvalView:
     relevance: torch.Tensor | None
     image_paths: list[Path] = field(repr=False)
     captions: list[str] = field(repr=False)
-    transform: ImageTransform = field(repr=False)
+    transform: ImageTransform | CachedImages = field(repr=False)
     tokenizer: Tokenizer = field(repr=False)
     max_length: int = field(repr=False)
     num_workers: int = field(repr=False)
@@ -181,12 +185,15 @@ def parse_split(spec: str, key: str) -> tuple[str, int | None]:
 
 class CCRDataModule(L.LightningDataModule):
     """Records -> validated splits -> batches. ``seed`` drives caption sampling choices made here
-    (parallel-batch grouping); the synthetic world has its own ``synthetic.seed``."""
+    (parallel-batch grouping); the synthetic world has its own ``synthetic.seed``. ``loader``
+    (``experiments.trainer.loader_settings``: the machine's ``num_workers``, ``pin_memory``,
+    ``prefetch_factor``) sets up the training loaders; default: ``data.num_workers`` workers."""
 
-    def __init__(self, cfg: DictConfig, seed: int = 0):
+    def __init__(self, cfg: DictConfig, seed: int = 0, loader: Mapping | None = None):
         super().__init__()
         self.cfg = cfg
         self.seed = seed
+        self.loader = {"num_workers": int(cfg.num_workers), **(loader or {})}
         self.languages = [str(lang) for lang in cfg.languages]
         self._records: dict[str, list[Record]] = {}
         self._views: dict[str, EvalView] = {}
@@ -334,6 +341,7 @@ class CCRDataModule(L.LightningDataModule):
             backbones=backbones.LazyBackbones(self._world_builders()),
             roi_dim=None if self.roi_store is None else self.roi_store.dim,
             roi_store=None if self.roi_store is None else self.roi_store.describe(),
+            pad_to_multiple=self.cfg.get("pad_to_multiple"),
         )
 
     def _world_builders(self) -> dict[str, Callable[[], dict]]:
@@ -421,6 +429,16 @@ class CCRDataModule(L.LightningDataModule):
         """Pixels of one image as every loader of this data reads them (size, mean, std)."""
         return ImageTransform(int(self.cfg.image_size), self.cfg.image_mean, self.cfg.image_std)
 
+    def images(self, paths: list[Path]) -> ImageTransform | CachedImages:
+        """How the loaders read these image files: decoded and resized per item, or with
+        ``data.image_cache`` from their pre-sized cache in ``<data.cache_dir>/image-cache``
+        (built on first use; the same pixels)."""
+        transform = self.image_transform()
+        if not self.cfg.get("image_cache"):
+            return transform
+        return cached_images(paths, transform, Path(self.cfg.cache_dir) / "image-cache",
+                             self.loader["num_workers"])
+
     def _check_languages(self, languages: list[str]) -> None:
         unknown = [lang for lang in languages if lang not in self.languages]
         if unknown or not languages:
@@ -446,7 +464,8 @@ class CCRDataModule(L.LightningDataModule):
                 f"{languages} and are left out"
             )
         dataset = TrainDataset(
-            records, languages, self.image_root, self.image_transform(), self._labels,
+            records, languages, self.image_root,
+            self.images([self.image_root / r.image for r in records]), self._labels,
             parallel=self.captions_parallel, rois=self._image_rois("train", records),
         )
         if dataset.unaligned:
@@ -456,16 +475,17 @@ class CCRDataModule(L.LightningDataModule):
             )
         with_alignment = any("alignment" in r.extras for r in records)
         collate = TrainCollate(
-            self.tokenizer, self.info.max_length, languages, len(self._labels), with_alignment
+            self.tokenizer, self.info.max_length, languages, len(self._labels), with_alignment,
+            pad_to_multiple=self.info.pad_to_multiple,
         )
         return training_loader(
             dataset,
             self.seed,
             batch_size=int(batch_size or self.cfg.batch_size),
             drop_last=True,
-            num_workers=int(self.cfg.num_workers),
-            persistent_workers=int(self.cfg.num_workers) > 0,
+            persistent_workers=self.loader["num_workers"] > 0,
             collate_fn=collate,
+            **self.loader,
         )
 
     def eval_view(self, role: str) -> EvalView:
@@ -495,10 +515,10 @@ class CCRDataModule(L.LightningDataModule):
                 relevance=relevance,
                 image_paths=[self.image_root / r.image for r in records],
                 captions=captions,
-                transform=self.image_transform(),
+                transform=self.images([self.image_root / r.image for r in records]),
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,
-                num_workers=int(self.cfg.num_workers),
+                num_workers=self.loader["num_workers"],
                 mrv_languages=None if self.cfg.get("mrv_languages") is None
                 else [str(lang) for lang in self.cfg.mrv_languages],
                 rois=self._image_rois(role, records),
@@ -580,6 +600,6 @@ class CCRDataModule(L.LightningDataModule):
             dataset,
             self.seed,
             batch_size=None,
-            num_workers=int(self.cfg.num_workers),
             collate_fn=ParallelCollate(self.tokenizer, max_length),
+            **self.loader,
         )

@@ -9,6 +9,7 @@ Weakly aligned records (whose languages describe different things) are left out,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +17,6 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
-from .datasets import ImageTransform
 from .records import Record
 from .tokenization import Tokenizer
 
@@ -39,7 +39,7 @@ class TripleDataset(Dataset):
     """One item per triple: the image, the source caption and its translation."""
 
     def __init__(self, records: list[Record], index: list[tuple[int, int, str]], source: str,
-                 image_root: Path, transform: ImageTransform):
+                 image_root: Path, transform: Callable[[Path], torch.Tensor]):
         self.records, self.index, self.source = records, index, source
         self.image_root, self.transform = image_root, transform
 
@@ -98,12 +98,11 @@ def triple_dataloader(datamodule: CCRDataModule, source: str = "en",
     if not index:
         raise ValueError(f"no training triples: no train record has captions in {source!r} and "
                          f"one of {targets}")
-    cfg = datamodule.cfg
-    transform = ImageTransform(int(cfg.image_size), cfg.image_mean, cfg.image_std)
-    workers = int(cfg.num_workers)
+    images = datamodule.images([datamodule.image_root / r.image for r in strict])
+    loader = datamodule.loader
     return DataLoader(
-        TripleDataset(strict, index, source, datamodule.image_root, transform),
-        batch_size=int(cfg.batch_size), shuffle=True, drop_last=True, num_workers=workers,
-        persistent_workers=workers > 0,
+        TripleDataset(strict, index, source, datamodule.image_root, images),
+        batch_size=int(datamodule.cfg.batch_size), shuffle=True, drop_last=True,
+        persistent_workers=loader["num_workers"] > 0, **loader,
         collate_fn=TripleCollate(datamodule.tokenizer, datamodule.info.max_length),
     )

@@ -72,6 +72,10 @@ class TrainerConfig:
     progress_refresh_rate: int = bounded(10, minimum=0)
     gradient_clip_val: Optional[float] = bounded(1.0, minimum=0)
     accumulate_grad_batches: int = bounded(1, minimum=1)
+    float32_matmul_precision: Optional[str] = None  # highest | high | medium; None: torch's default
+    loader_workers: Optional[int] = bounded(None, minimum=0, allow=(-1,))  # None: data.num_workers
+    pin_memory: bool = False              # training batches in page-locked memory (fast copies to GPU)
+    prefetch_factor: Optional[int] = bounded(None, minimum=1)  # batches each worker loads ahead
 
 
 @dataclass
@@ -104,7 +108,9 @@ class DataConfig:
     image_mean: List[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
     image_std: List[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
     max_length: int = bounded(48, minimum=3)
+    pad_to_multiple: Optional[int] = bounded(None, minimum=1)  # training captions: batch's longest, rounded up
     on_missing_image: str = "error"
+    image_cache: bool = False           # decode + resize every image once into cache_dir/image-cache
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     synthetic: Optional[Dict[str, Any]] = None
     backbones: Optional[Dict[str, Any]] = None  # the synthetic world's pretrained encoders
@@ -131,7 +137,8 @@ class RunConfig:
 
 
 CHOICES = {"data.on_missing_image": ("error", "skip"), "data.on_missing_roi": ("error", "skip"),
-           "optim.schedule": ("cosine", "linear")}
+           "optim.schedule": ("cosine", "linear"),
+           "trainer.float32_matmul_precision": (None, "highest", "high", "medium")}
 
 
 def check_bounds(cfg: DictConfig, schema: type = RunConfig, prefix: str = "") -> None:

@@ -40,8 +40,10 @@ from experiments.trainer import (
     Throughput,
     TrainingPosition,
     build_trainer,
+    configure_matmul_precision,
     configure_threads,
     free_log_version,
+    loader_settings,
 )
 from methods.layers.base import Stage
 
@@ -78,7 +80,7 @@ class StageData(L.LightningDataModule):
 def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataModule:
     """The datamodule with the train split (tokenizer, labels) and every split in ``roles`` that
     the data defines read and validated now, before anything trains."""
-    data = CCRDataModule(cfg.data, seed=cfg.seed)
+    data = CCRDataModule(cfg.data, seed=cfg.seed, loader=loader_settings(cfg))
     data.prepare_data()
     data.setup("fit")
     for role in roles:
@@ -122,6 +124,7 @@ def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage
 def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
     configure_threads(cfg)
+    configure_matmul_precision(cfg)
     with claim_run_dir(cfg) as run_dir:
         if cfg.ckpt_path == "last":
             for path in checkpoints_in(run_dir):

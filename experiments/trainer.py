@@ -4,6 +4,7 @@ first non-finite loss, and throughput."""
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import time
@@ -168,6 +169,56 @@ def configure_threads(cfg: DictConfig) -> None:
     """Apply the preset's torch intra-op thread count (CPU runs), if it sets one."""
     if cfg.trainer.cpu_threads:
         torch.set_num_threads(int(cfg.trainer.cpu_threads))
+
+
+MATMUL_HINT = "torch.set_float32_matmul_precision"  # Lightning's tip on GPUs with tensor cores
+
+
+class _DropMatmulHint(logging.Filter):
+    def filter(self, record: logging.LogRecord) -> bool:
+        return MATMUL_HINT not in record.getMessage()
+
+
+def configure_matmul_precision(cfg: DictConfig) -> None:
+    """Apply ``trainer.float32_matmul_precision`` when the preset sets it; a deliberate choice,
+    so Lightning's tip to set it is dropped."""
+    precision = cfg.trainer.get("float32_matmul_precision")
+    if precision is None:
+        return
+    torch.set_float32_matmul_precision(precision)
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _DropMatmulHint) for f in logger.filters):
+            logger.addFilter(_DropMatmulHint())
+
+
+def loader_settings(cfg: DictConfig, cores: int | None = None) -> dict[str, Any]:
+    """The training loader's worker count, pinning and prefetch from the trainer preset:
+    ``trainer.loader_workers`` (None: ``data.num_workers``; -1: this process's share of the
+    machine's cores, one left for the training loop), ``pin_memory``, ``prefetch_factor``."""
+    t = cfg.trainer
+    workers = t.get("loader_workers")
+    if workers is None:
+        workers = int(cfg.data.num_workers)
+    elif workers == -1:
+        cores = cores if cores is not None else len(os.sched_getaffinity(0))
+        workers = max(1, cores // local_processes(cfg) - 1)
+    settings: dict[str, Any] = {"num_workers": int(workers), "pin_memory": bool(t.get("pin_memory"))}
+    if t.get("prefetch_factor") is not None and workers > 0:
+        settings["prefetch_factor"] = int(t.prefetch_factor)
+    return settings
+
+
+def local_processes(cfg: DictConfig) -> int:
+    """Training processes on this machine: one per local device under DDP, else one."""
+    t = cfg.trainer
+    if "ddp" not in str(t.strategy):
+        return 1
+    if isinstance(t.devices, int) and t.devices > 0:
+        return t.devices
+    if not isinstance(t.devices, (int, str)):
+        return len(t.devices)
+    return max(1, torch.cuda.device_count())
 
 
 def free_log_version(run_dir: Path, name: str) -> str:

@@ -180,7 +180,7 @@ class CCRk(RetrievalModule):
 
         self.log_dict({f"train/{name}": value.detach() for name, value in losses.items()}, batch_size=batch_size)
         self.log("train/temperature", temperature.detach(), batch_size=batch_size)
-        self.log("train/absent_captions", float((~present).sum()), batch_size=batch_size)
+        self.log("train/absent_captions", (~present).sum().float(), batch_size=batch_size)  # no host read
         return total
 
     def contrastive_loss(self, image_feat: Tensor, text_feat: Tensor, temperature: Tensor, present: Tensor) -> Tensor:

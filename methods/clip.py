@@ -22,6 +22,8 @@ from methods.registry import register
 class CLIPModule(RetrievalModule):
     """Image and text encoders, one projection each into ``embed_dim``, learnable temperature."""
 
+    caption_length_invariant = True  # masked encoders, no draws over token positions
+
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
         method, data = self.method_cfg, self.data_info

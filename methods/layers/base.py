@@ -53,6 +53,13 @@ class RetrievalModule(L.LightningModule):
     module from plain dicts, which the base normalises.
     """
 
+    # True: the training step computes the same function of the captions (to float rounding)
+    # whatever pad columns its caption batch carries, which tests/test_dynamic_padding.py checks,
+    # so it may train on batches padded to their longest caption (data.pad_to_multiple). Random
+    # draws shaped like the batch (dropout) then differ: such a run is another sample of the same
+    # training, not a bit-for-bit repeat of a fixed-padding run. Methods not checked refuse it.
+    caption_length_invariant = False
+
     def __init__(self, method, optim, data, evaluation):
         super().__init__()
         # Plain containers: checkpoints load with weights_only=True and rebuild the module.
@@ -68,6 +75,11 @@ class RetrievalModule(L.LightningModule):
             OmegaConf.create(c) for c in (method, optim, evaluation)
         )
         self.data_info = SimpleNamespace(**data) if isinstance(data, Mapping) else data
+        trimmed = getattr(self.data_info, "pad_to_multiple", None)
+        if trimmed and not self.caption_length_invariant:
+            raise ValueError(f"data.pad_to_multiple={trimmed}: {type(self).__name__} is not checked to "
+                             "train the same on captions padded to the batch's longest (draws over "
+                             "token positions, fixed-length inputs); leave data.pad_to_multiple null")
         self.last_report: dict[str, float] | None = None
         self.evaluation: metrics.RetrievalEvaluation | None = None  # one per evaluation epoch
         self._last_batch_end: float | None = None

@@ -52,21 +52,28 @@ def caption_owner_mask(num_instances: int, languages: int, device: torch.device)
     return instances.repeat_interleave(languages)[None, :] == instances[:, None]
 
 
-def _reference_weights(sim: Tensor, own: Tensor, present: Tensor, languages: int) -> SamplingWeights:
+def own_block(matrix: Tensor, languages: int) -> Tensor:
+    """[B, K]: each instance's entries for its own K captions out of ``matrix`` [B, B*K], by a view
+    (a boolean mask would read the selected count back to the host, a GPU sync)."""
+    batch = matrix.size(0)
+    return matrix.view(batch, batch, languages).diagonal(dim1=0, dim2=1).t()
+
+
+def _reference_weights(sim: Tensor, present: Tensor, languages: int) -> SamplingWeights:
     """ALBEF-style softmax weights on sim = cos/τ; the positive weight falls as similarity rises."""
     batch = sim.size(0)
     w_i2t = sim.masked_fill(~present[None, :], float("-inf")).softmax(1) + _REFERENCE_EPS
     w_t2i = sim.t().softmax(1) + _REFERENCE_EPS
-    own_weights = w_i2t[own].view(batch, languages)
+    own_weights = own_block(w_i2t, languages)
     positive = (w_i2t.max() + _REFERENCE_EPS) - own_weights
     return SamplingWeights(positive=positive, negative_text=w_i2t, negative_image=w_t2i)
 
 
-def _paper_weights(cos: Tensor, own: Tensor, present: Tensor, languages: int) -> SamplingWeights:
+def _paper_weights(cos: Tensor, present: Tensor, languages: int) -> SamplingWeights:
     """Paper Eqs. 8–9 on cosines clamped at 0: P(k) ∝ 1 − s_k / Σ_k' s_k', P(j') ∝ Σ_k s(t_jk, i_j')."""
     batch = cos.size(0)
     clamped = cos.clamp(min=0) + _PAPER_EPS
-    own_cos = (clamped[own].view(batch, languages)) * present.view(batch, languages)
+    own_cos = own_block(clamped, languages) * present.view(batch, languages)
     positive = 1 - own_cos / own_cos.sum(1, keepdim=True) + _PAPER_EPS
     per_instance = (cos * present[None, :]).view(batch, batch, languages).sum(2).t()  # [inst, image]
     negative_image = (per_instance.clamp(min=0) + _PAPER_EPS).repeat_interleave(languages, dim=0)
@@ -110,9 +117,9 @@ def sampling_weights(
     own = caption_owner_mask(batch, languages, device)
     cos = similarity_logits(image_feat, text_feat)
     if mode == "reference":
-        weights = _reference_weights(cos / temperature, own, present, languages)
+        weights = _reference_weights(cos / temperature, present, languages)
     elif mode == "paper":
-        weights = _paper_weights(cos, own, present, languages)
+        weights = _paper_weights(cos, present, languages)
     else:
         weights = _uniform_weights(batch, languages, device)
     same_image = torch.eye(batch, dtype=torch.bool, device=device).repeat_interleave(languages, dim=0)

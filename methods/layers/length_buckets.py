@@ -17,7 +17,10 @@ def length_buckets(attention_mask: Tensor, buckets: int) -> tuple[Tensor, list[t
     """
     lengths = attention_mask.sum(1)
     order = lengths.argsort()
-    return order, [(rows, max(int(lengths[rows].max()), 1)) for rows in order.chunk(buckets)]
+    groups = order.chunk(buckets)
+    # every group's longest length in one device-to-host copy (a sync on a GPU), not one per group
+    longest = torch.stack([lengths[rows].max() for rows in groups]).clamp(min=1).tolist()
+    return order, list(zip(groups, longest))
 
 
 def merge_buckets(parts: list[Tensor], order: Tensor, length: int) -> Tensor:

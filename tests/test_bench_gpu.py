@@ -1,0 +1,67 @@
+"""benchmarks/bench_gpu.py on the CPU at tiny sizes: its FLOP counting, its MFU arithmetic, its
+device-peak table and one end-to-end run, so the GPU benchmark keeps working without a GPU."""
+
+import pytest
+import torch
+
+from benchmarks import bench_gpu
+
+
+def test_counted_flops_of_a_linear_layer_are_two_times_in_times_out_times_batch():
+    layer = torch.nn.Linear(12, 5, bias=False)
+    inputs = torch.randn(7, 12)
+    assert bench_gpu.counted_flops(lambda: layer(inputs)) == 2 * 12 * 5 * 7
+
+
+def test_counted_flops_of_a_training_step_add_the_weight_gradient_of_the_backward_pass():
+    layer = torch.nn.Linear(12, 5, bias=False)
+    inputs = torch.randn(7, 12)  # no input gradient: the backward computes the weight's only
+    assert bench_gpu.counted_flops(lambda: layer(inputs).sum().backward()) == 2 * (2 * 12 * 5 * 7)
+
+
+def test_mfu_is_achieved_flops_per_second_over_the_peak():
+    assert bench_gpu.mfu(flops_per_step=3e12, seconds_per_step=0.5, peak=100.0) == pytest.approx(0.06)
+
+
+def test_device_peak_is_looked_up_by_name_most_specific_first_and_can_be_overridden():
+    assert bench_gpu.peak_tflops("NVIDIA H100 PCIe") == 756.0
+    assert bench_gpu.peak_tflops("NVIDIA H100 80GB HBM3") == 989.4
+    assert bench_gpu.peak_tflops("NVIDIA H200") == 989.4
+    assert bench_gpu.peak_tflops("NVIDIA H200", override=500.0) == 500.0
+    assert bench_gpu.peak_tflops("cpu") is None
+
+
+def test_paper_model_refuses_a_method_it_has_no_paper_size_for():
+    from benchmarks.paper_models import paper_method
+
+    with pytest.raises(ValueError, match="no paper-size model for 'mclip'"):
+        paper_method("mclip", None, None)
+
+
+def test_tiny_cpu_run_reports_three_loops_whose_mfu_and_ratios_follow_from_its_own_numbers(tmp_path):
+    rows = bench_gpu.main(["--tiny", "--methods", "clip", "--peak-tflops", "0.5", "--work", str(tmp_path),
+                           "--json", str(tmp_path / "bench.json"), "--jpeg", "40x30",
+                           "trainer.progress_refresh_rate=0"])
+    (row,) = rows
+    assert row["method"] == "clip" and row["batch"] == 4
+    flops_per_step = row["gflops_per_sample"] * 1e9 * row["batch"]
+    for loop in bench_gpu.LOOPS:
+        t = row[loop]
+        assert t["samples_per_s"] == pytest.approx(row["batch"] / t["s_per_step"])
+        assert t["mfu"] == pytest.approx(flops_per_step * t["samples_per_s"] / row["batch"] / 0.5e12)
+    assert row["loader/bare"] == pytest.approx(row["loader"]["samples_per_s"] / row["bare"]["samples_per_s"])
+    assert row["lightning/bare"] == pytest.approx(
+        row["lightning"]["samples_per_s"] / row["bare"]["samples_per_s"])
+    assert (tmp_path / "bench.json").exists()
+
+
+def test_world_images_become_jpeg_photos_of_the_asked_size_once(tmp_path):
+    from PIL import Image
+
+    Image.new("RGB", (8, 8), (200, 10, 10)).save(tmp_path / "a.png")
+    bench_gpu.as_jpeg_photos(tmp_path, "20x15")
+    with Image.open(tmp_path / "a.png") as image:
+        assert (image.format, image.size) == ("JPEG", (20, 15))
+    (tmp_path / "a.png").write_bytes(b"changed")
+    bench_gpu.as_jpeg_photos(tmp_path, "20x15")  # the marker: not re-encoded
+    assert (tmp_path / "a.png").read_bytes() == b"changed"
