@@ -76,8 +76,8 @@ def check_curve(result: Mapping, path: str) -> None:
     if curve is None:
         return
     points = curve.get("points") if isinstance(curve, Mapping) else None
-    if not isinstance(points, list):
-        raise ValueError(f"{path}: learning_curve has no 'points' list")
+    if not isinstance(points, list):  # a malformed file is bad input like any other: ValueError
+        raise ValueError(f"{path}: learning_curve has no 'points' list")  # noqa: TRY004
     for i, point in enumerate(points):
         if not (isinstance(point, Mapping) and isinstance(point.get("step"), int)
                 and isinstance(point.get("value"), (int, float)) and math.isfinite(point["value"])):

@@ -266,8 +266,7 @@ def to_markdown(rows: list[dict]) -> str:
            "relevance, – where a row has none). A row averages runs whose configurations differ",
            "only in the seed; `settings` names what differs between rows of one method. Built from",
            "the runs' `metrics.json` files by `make leaderboard`. `val mR last 1/5`: how much the",
-           "validation mR rose over the last fifth of training (↑: more than "
-           f"{RISING_MARGIN:.1f}, still rising);",
+           f"validation mR rose over the last fifth of training (↑: more than {RISING_MARGIN:.1f}, still rising);",
            "`learning_curves.png` draws each row's validation mR per step.", ""]
     for data in sorted({r["data"] for r in rows}):
         group = [r for r in rows if r["data"] == data]

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
 from omegaconf import OmegaConf
+from torch import Tensor, nn
 from torch.func import functional_call
 
 from methods.layers.augment import drop_tokens, flip_and_translate
