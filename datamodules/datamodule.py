@@ -57,6 +57,9 @@ class DataInfo:
     max_length: int
     image_size: int
     num_objects: int
+    # the category of each object label, in label order (the world: the shape of a colour-shape
+    # label; other data: the label itself, as COCO's labels are categories)
+    object_categories: list[str] = field(default_factory=list)
     # encoder settings that a method config's ``name: world`` resolves to ({"text": {...},
     # "image": {...}}); empty unless the data provides pretrained backbones (the synthetic world)
     backbones: Mapping[str, dict] = field(default_factory=dict)
@@ -338,11 +341,21 @@ class CCRDataModule(L.LightningDataModule):
             max_length=int(self.cfg.max_length),
             image_size=int(self.cfg.image_size),
             num_objects=len(labels),
+            object_categories=self._label_categories(train, labels),
             backbones=backbones.LazyBackbones(self._world_builders()),
             roi_dim=None if self.roi_store is None else self.roi_store.dim,
             roi_store=None if self.roi_store is None else self.roi_store.describe(),
             pad_to_multiple=self.cfg.get("pad_to_multiple"),
         )
+
+    def _label_categories(self, train: list[Record], labels: list[str]) -> list[str]:
+        """Each object label's category: from the world's scenes, else the label itself."""
+        if not self.is_synthetic:
+            return list(labels)
+        categories: dict[str, str] = {}
+        for record in train:
+            categories.update(synthetic.label_categories(record.extras["scene"]))
+        return [categories[label] for label in labels]
 
     def _world_builders(self) -> dict[str, Callable[[], dict]]:
         """How to build (or read from the cache) each of the synthetic world's pretrained

@@ -8,9 +8,14 @@ twice is averaged once (its newest run) and the other runs are listed; a row sco
 metric protocol than the suite's current one is marked. A pretrained model scored zero-shot by
 ``experiments.external`` is a row marked external, naming its library, model and weights tag.
 
+Each row also says whether it converged: the rise of its validation mR over the last fifth of
+training (``experiments.curves``; rows that rose by more than ``RISING_MARGIN`` are marked ↑, runs
+recorded before curves existed show "no curve").
+
 Writes ``leaderboard.md``, ``leaderboard.csv`` (every metric, mean and std: a metric a row lacks,
-such as uni-modal NDCG on data without graded relevance, is an empty cell) and ``leaderboard.png``
-(mean recall per method and dataset) beside the runs it reads, unless told where (``--out``).
+such as uni-modal NDCG on data without graded relevance, is an empty cell), ``leaderboard.png``
+(mean recall per method and dataset) and ``learning_curves.png`` (each row's validation mR per step,
+mean and spread over its seeds) beside the runs it reads, unless told where (``--out``).
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from omegaconf import OmegaConf
 
 from experiments import cli
 from experiments.config import ConfigError, typed
+from experiments.curves import RISING_MARGIN, check_curve, mean_curve, row_rise
 from experiments.runs import config_fingerprint, experiment_settings
 from metrics.protocol import METRIC_PROTOCOL
 
@@ -49,6 +55,7 @@ def load_results(runs: Path, split: str = "test") -> list[dict]:
             raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
         if result.get("split", "test") != split:
             continue
+        check_curve(result, str(path))
         if "config" in result:
             result["config"] = as_current_code_reads(result["config"], path)
             result["config_fingerprint"] = config_fingerprint(result["config"])
@@ -130,6 +137,7 @@ def aggregate(results: list[dict]) -> list[dict]:
         for name in sorted(set().union(*(m["metrics"] for m in used))):
             values = [m["metrics"][name] for m in used if name in m["metrics"]]
             stats[name] = (statistics.fmean(values), statistics.pstdev(values))
+        rise, without_rise = row_rise(used)
         row = {
             **{k: used[0][k] for k in FAMILY},
             "config_fingerprint": used[0]["config_fingerprint"],
@@ -141,6 +149,10 @@ def aggregate(results: list[dict]) -> list[dict]:
             "languages": used[0].get("languages", []),
             "external": used[0].get("external"),
             "stats": stats,
+            "curve_rise": rise,  # mean over the seeds that have one
+            "curve_seeds_without_rise": without_rise,
+            "has_curve": any("learning_curve" in m for m in used),
+            "curve": mean_curve(used),  # (steps, mean, std) or None
             "_members": used,
         }
         rows.append(row)
@@ -185,6 +197,19 @@ def external_label(row: dict) -> str:
     return "external" + (f", {external['pretrained']}" if external.get("pretrained") else "")
 
 
+def still_rising(row: dict) -> bool:
+    """True for a row whose validation mR rose by more than ``RISING_MARGIN`` over the last fifth."""
+    return row["curve_rise"] is not None and row["curve_rise"] > RISING_MARGIN
+
+
+def _rise_cell(row: dict) -> str:
+    if not row["has_curve"]:
+        return "no curve"
+    if row["curve_rise"] is None:
+        return "too few validations"
+    return f"{row['curve_rise']:+.2f}" + (" ↑" if still_rising(row) else "")
+
+
 def _method_cell(row: dict) -> str:
     marker = external_label(row)
     return row["method"] + row["mark"] + (f" ({marker})" if marker else "")
@@ -211,6 +236,14 @@ def _notes(group: list[dict]) -> list[str]:
             notes.append(f"- {_row_label(r)}: its seeds "
                          f"ran on different code ({made}); same settings, but check the commits "
                          "before reading the spread as seed variance.")
+    if any(still_rising(r) for r in group):
+        notes.append(f"- ↑ still rising: validation mR rose by more than {RISING_MARGIN:.1f} over the "
+                     "last fifth of training (mean over seeds), so the row's budget stopped it "
+                     "before it converged.")
+    partial = [r for r in group if r["curve_rise"] is not None and r["curve_seeds_without_rise"]]
+    for r in partial:
+        notes.append(f"- {_row_label(r)}: {r['curve_seeds_without_rise']} seed(s) without a "
+                     "validation on both sides of the last fifth; the rise averages the others.")
     marks = {r["mark"] for r in group}
     if OTHER_PROTOCOL in marks:
         notes.append(f"- {OTHER_PROTOCOL} scored under another metric protocol than the suite's "
@@ -232,12 +265,14 @@ def to_markdown(rows: list[dict]) -> str:
            "images, caption among the captions of every language; only for data with graded",
            "relevance, – where a row has none). A row averages runs whose configurations differ",
            "only in the seed; `settings` names what differs between rows of one method. Built from",
-           "the runs' `metrics.json` files by `make leaderboard`.", ""]
+           "the runs' `metrics.json` files by `make leaderboard`. `val mR last 1/5`: how much the",
+           f"validation mR rose over the last fifth of training (↑: more than {RISING_MARGIN:.1f}, still rising);",
+           "`learning_curves.png` draws each row's validation mR per step.", ""]
     for data in sorted({r["data"] for r in rows}):
         group = [r for r in rows if r["data"] == data]
         languages = list(dict.fromkeys(lang for r in group for lang in r["languages"]))
         cutoffs = unimodal_cutoffs(group)
-        header = ["method", "protocol", "scorer", "settings", "seeds", "mR",
+        header = ["method", "protocol", "scorer", "settings", "seeds", "mR", "val mR last 1/5",
                   *[f"{lang} R@1" for lang in languages], "MRV i2t", "MRV t2i",
                   *[f"NDCG@{k} i2i / t2t" for k in cutoffs]]
         out += [f"## {data}", "", "| " + " | ".join(header) + " |",
@@ -247,7 +282,7 @@ def to_markdown(rows: list[dict]) -> str:
                 f"{_cell(r, f'{lang}/i2t/R@1', 1)} / {_cell(r, f'{lang}/t2i/R@1', 1)}" for lang in languages
             ]
             cells = [_method_cell(r), r["protocol"], r["scorer"], r["settings"],
-                     ",".join(map(str, r["seeds"])), _cell(r, "mR"), *per_lang,
+                     ",".join(map(str, r["seeds"])), _cell(r, "mR"), _rise_cell(r), *per_lang,
                      _cell(r, "all/MRV_std/i2t"), _cell(r, "all/MRV_std/t2i"),
                      *[f"{_cell(r, f'i2i/NDCG@{k}', 3)} / {_cell(r, f't2t/NDCG@{k}', 3)}" for k in cutoffs]]
             out.append("| " + " | ".join(cells) + " |")
@@ -260,7 +295,7 @@ def to_markdown(rows: list[dict]) -> str:
 def write_csv(rows: list[dict], path: Path) -> None:
     names = sorted(set().union(*(r["stats"] for r in rows))) if rows else []
     head = [*FAMILY, "external", "settings", "config_fingerprint", "metric_protocol_version", "seeds",
-            "duplicate_seed_runs"]
+            "duplicate_seed_runs", "val_mR_last_fifth_rise", "still_rising"]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow([*head, *[f"{n}{s}" for n in names for s in ("", " std")]])
@@ -269,8 +304,10 @@ def write_csv(rows: list[dict], path: Path) -> None:
             duplicates = "; ".join(f"seed {s}: {' '.join(map(str, ids))}"
                                    for s, ids in r["duplicates"].items())
             values = [v for n in names for v in r["stats"].get(n, ("", ""))]
+            rise = "" if r["curve_rise"] is None else round(r["curve_rise"], 4)
             writer.writerow([*(r[k] for k in FAMILY), external_label(r), r["settings"], r["config_fingerprint"],
-                             version, " ".join(map(str, r["seeds"])), duplicates, *values])
+                             version, " ".join(map(str, r["seeds"])), duplicates, rise,
+                             int(still_rising(r)) if r["curve_rise"] is not None else "", *values])
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -298,6 +335,39 @@ def plot(rows: list[dict], path: Path) -> None:
     plt.close(fig)
 
 
+def plot_curves(rows: list[dict], path: Path) -> None:
+    """Validation mR per step, one panel per dataset and method (its variants and settings as
+    lines), mean over seeds with a ± std band; rows without a curve are left out."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    with_curve = [r for r in rows if r["curve"] is not None]
+    panels = sorted({(r["data"], r["method"].split("+")[0]) for r in with_curve})
+    columns = min(3, max(1, len(panels)))
+    lines = -(-max(1, len(panels)) // columns)
+    fig, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.5 * lines), squeeze=False)
+    for ax in axes.flat[len(panels):]:
+        ax.axis("off")
+    if not panels:
+        axes[0][0].text(0.5, 0.5, "no run records a learning curve", ha="center", va="center")
+    for ax, (data, method) in zip(axes.flat, panels):
+        for r in (r for r in with_curve if (r["data"], r["method"].split("+")[0]) == (data, method)):
+            steps, means, stds = r["curve"]
+            label = f"{_method_cell(r)} {r['scorer']}" + (f" ({r['settings']})" if r["settings"] else "")
+            line = ax.plot(steps, means, marker=".", label=label[:60] + (" ↑" if still_rising(r) else ""))[0]
+            ax.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
+                            color=line.get_color(), alpha=0.2)
+        ax.set_title(f"{method} on {data}", fontsize=9)
+        ax.set_xlabel("training step")
+        ax.set_ylabel("val mR")
+        ax.legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+
+
 def build(runs: Path, out: Path | None = None) -> list[dict]:
     """Read ``runs``, write the leaderboard files to ``out`` (default: ``runs`` itself)."""
     rows = aggregate(load_results(runs))
@@ -306,6 +376,7 @@ def build(runs: Path, out: Path | None = None) -> list[dict]:
     (out / "leaderboard.md").write_text(to_markdown(rows), encoding="utf-8")
     write_csv(rows, out / "leaderboard.csv")
     plot(rows, out / "leaderboard.png")
+    plot_curves(rows, out / "learning_curves.png")
     return rows
 
 

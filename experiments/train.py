@@ -21,6 +21,7 @@ import methods
 from datamodules.datamodule import CCRDataModule
 from experiments import cli
 from experiments.config import compose
+from experiments.curves import ValidationCurve, run_curve
 from experiments.runs import (
     checkpoints_in,
     claim_run_dir,
@@ -169,13 +170,14 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
             continue
         resume = resume_checkpoint(folder, cfg.ckpt_path)
         name = folder.name
+        step = None
         if resume is not None:
             step = int(load_checkpoint(resume)["global_step"])
             resumed_from = step if resumed_from is None else resumed_from
             name = f"{folder.name}-resumed-at-{step}"
         position = TrainingPosition()
         selection = selection_checkpoint(cfg, folder) if final else None
-        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name),
+        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name), ValidationCurve(folder, step),
                      *([selection] if selection else [])]
         trainer = build_trainer(cfg, run_dir, folder, stage.max_steps, callbacks=callbacks,
                                 log_version=free_log_version(run_dir, name))
@@ -199,6 +201,7 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
             train_steps=sum(stage_steps.values()),
             stage_steps=stage_steps,
             resumed_from_step=resumed_from,
+            learning_curve=run_curve([(s.name, checkpoint_dir(run_dir, stages, s)) for s in stages], stage_steps),
             **({"selected": selected} if selected else {}),
         )
         print(f"metrics: {run_dir / 'metrics.json'}  mR={module.last_report['mR']:.2f}")

@@ -69,30 +69,55 @@ def resolve_settings(method) -> Any:
     return settings
 
 
+UPPER = "upper"
+
+
+def seed_layer_indices(choice: Any, fusion_layers: int, text_layers: int) -> list[int]:
+    """The text-model layers that seed the fusion layers: an explicit list (the paper: XLM-R-large
+    13, 15, ..., 23), or ``upper``: the top ``fusion_layers`` layers in order, the lowest of them
+    repeated when the text model has fewer (the world's 2-layer XLM-R seeds 2 fusion layers from
+    layers 0 and 1; a 1-layer test world from layer 0 twice)."""
+    if choice == UPPER:
+        return [max(0, text_layers - fusion_layers + i) for i in range(fusion_layers)]
+    indices = list(choice)
+    if len(indices) != fusion_layers:
+        raise ValueError(f"method.fusion: init_from_text_layers has {len(indices)} layers but "
+                         f"fusion.layers is {fusion_layers}")
+    return indices
+
+
 def build_text_and_fusion(method: Any, data: Any, image_dim: int) -> tuple[TextEncoder, FusionEncoder]:
     """The multilingual text encoder and the fusion encoder (text attends to image).
 
-    With ``fusion.init_from_text_layers`` (the paper: XLM-R-large layers 13, 15, ..., 23) the fusion
-    layers are seeded from those layers of the loaded HF model before the text encoder keeps only
-    ``text_encoder.layers`` (1, 3, ..., 11); otherwise the fusion encoder starts random.
+    With ``fusion.init_from_text_layers`` (a list of layers, or ``upper``: the default preset, as
+    the reference code seeds its fusion from the text model's upper layers) each fusion layer
+    starts from one layer of the loaded HF text model (self-attention and FFN copied, cross-
+    attention new), before the text encoder keeps only ``text_encoder.layers``; the fusion then has
+    the text model's heads (``fusion.heads`` null, or equal) and FFN width. ``null``: the fusion
+    encoder starts random.
     """
     text_cfg = OmegaConf.to_container(OmegaConf.create(method.text_encoder), resolve=True)
-    seed_layers = method.fusion.init_from_text_layers
-    if seed_layers is None:
-        text = TextEncoder.from_config(text_cfg, data)
-        return text, FusionEncoder(text.out_dim, image_dim, layers=method.fusion.layers, heads=method.fusion.heads)
-    if len(seed_layers) != method.fusion.layers:
-        raise ValueError(f"method.fusion: init_from_text_layers has {len(seed_layers)} layers but "
-                         f"fusion.layers is {method.fusion.layers}")
-    keep = text_cfg.pop("layers", None)
+    choice, heads = method.fusion.init_from_text_layers, method.fusion.heads
+    keep = text_cfg.pop("layers", None) if choice is not None else None
     text = TextEncoder.from_config(text_cfg, data)
     hf_model = getattr(text.backbone, "model", None)
+    if heads is None:
+        if hf_model is None:
+            raise ValueError("method.fusion.heads=null takes the heads of an 'hf:' text encoder; "
+                             "set fusion.heads for this one")
+        heads = hf_model.config.num_attention_heads
+    if choice is None:
+        return text, FusionEncoder(text.out_dim, image_dim, layers=method.fusion.layers, heads=heads)
     if hf_model is None:
-        raise ValueError("method.fusion.init_from_text_layers needs an 'hf:' text encoder")
+        raise ValueError("method.fusion.init_from_text_layers needs an 'hf:' text encoder (the world's "
+                         "is one); set it to null for a randomly initialised fusion encoder")
     hf_config = hf_model.config
-    fusion = fusion_from_hf_layers([hf_model.encoder.layer[i] for i in seed_layers], text.out_dim, image_dim,
-                                   heads=method.fusion.heads,
-                                   mlp_ratio=hf_config.intermediate_size / hf_config.hidden_size)
+    if heads != hf_config.num_attention_heads:
+        raise ValueError(f"method.fusion.heads={heads}, but the text layers that seed the fusion have "
+                         f"{hf_config.num_attention_heads} heads; set fusion.heads to match (or null)")
+    indices = seed_layer_indices(choice, method.fusion.layers, len(hf_model.encoder.layer))
+    fusion = fusion_from_hf_layers([hf_model.encoder.layer[i] for i in indices], text.out_dim, image_dim,
+                                   heads=heads, mlp_ratio=hf_config.intermediate_size / hf_config.hidden_size)
     if keep is not None:
         keep_layers(hf_model, keep)
     return text, fusion
@@ -220,11 +245,14 @@ class CCRk(RetrievalModule):
         return F.cross_entropy(logits.float(), masked.labels[selected])
 
     def lr_scales(self) -> dict[str, float]:
-        """Newly initialised parts (cross-attention, projections, ITM head, τ) train at
-        ``new_param_lr_scale`` × lr ([ref]: 2× when the encoders are pretrained)."""
+        """Newly initialised parts (cross-attention, projections, ITM head, τ; the whole fusion
+        encoder when it is not seeded from text layers) train at ``new_param_lr_scale`` × lr
+        ([ref]: 2× when the encoders are pretrained)."""
         scale = self.method_cfg.new_param_lr_scale
         prefixes = ["vision_proj", "text_proj", "itm_head", "temperature"]
-        if self.method_cfg.use_fusion:
+        if self.method_cfg.use_fusion and self.method_cfg.fusion.init_from_text_layers is None:
+            prefixes.append("fusion")  # a random fusion encoder is new as a whole
+        elif self.method_cfg.use_fusion:
             prefixes += [f"fusion.layers.{i}.{part}" for i in range(len(self.fusion.layers))
                          for part in ("cross_attn", "norm_cross")]
         return {prefix: scale for prefix in prefixes}

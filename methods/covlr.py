@@ -13,6 +13,10 @@ CoVLR (spec ``shared/specs/covlr.md``, notes ``docs/covlr.md``). One training st
 4. **Update** (Eq. 7, first order): Θ gets ∇ℓ_cro(Θ) + ∇_{Θ'}ℓ_uni(Θ'), the heads their own task's
    gradient; one AdamW step (``methods.layers.meta``: a single loss, automatic optimisation).
 
+Labels (§3.2 ``cls``, Eq. 5): the classifiers predict the data's object *categories* by default
+(``uni_labels: category``; the default world: the shape, its analogue of COCO's categories), or the
+finer object labels (``object``; the world: colour × shape, which say most of what a caption says).
+
 Multilingual (§7): each image is paired with a caption of one of its languages drawn per step; one
 shared text encoder. ``cls``: the text classifier sees every present caption of the image; ``nce``:
 a text's positive view is the image's caption in another language (token dropout without one).
@@ -25,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from omegaconf import OmegaConf
 from torch import Tensor, nn
 from torch.func import functional_call
 
@@ -46,6 +51,7 @@ from methods.registry import register
 
 UNI_MODES = ("auto", "cls", "nce")
 UNI_TEXT_CAPTIONS = ("all", "drawn")
+LABEL_LEVELS = ("category", "object")
 PRECISIONS = ("32-true", "bf16-mixed")
 
 
@@ -55,6 +61,40 @@ def check_precision(precision: str) -> None:
     if str(precision) not in PRECISIONS:
         raise ValueError(f"covlr trains with trainer.precision in {PRECISIONS}, got {precision!r} "
                          "(the virtual step needs unscaled gradients)")
+
+
+def resolve_settings(method) -> OmegaConf:
+    """The method config with the switches of ``method.ablation`` (a key of ``method.ablations``,
+    from ``variant=``; null: the full model) merged on top. A config stored before a key existed
+    reads it as the behaviour it trained with (``uni_labels: object``)."""
+    ablation = method.get("ablation")
+    table = method.get("ablations") or {}
+    if ablation is not None and ablation not in table:
+        raise ValueError(f"covlr ablation {ablation!r} (method.ablation, from variant=) is not one of "
+                         f"{sorted(table)}; to label a run freely set method.ablation=null")
+    added_later = {"uni_labels": "object"}
+    settings = OmegaConf.merge(added_later, method, table[ablation] if ablation is not None else {})
+    if settings.uni_labels not in LABEL_LEVELS:
+        raise ValueError(f"method.uni_labels: expected one of {LABEL_LEVELS}, got {settings.uni_labels!r}")
+    return settings
+
+
+def label_classes(level: str, data) -> Tensor | None:
+    """The 0/1 map ``[num_objects, C]`` from the data's object labels to the classifier's C
+    classes (its categories, sorted by name), or None when the classes are the labels themselves."""
+    if level == "object":
+        return None
+    categories = list(getattr(data, "object_categories", None) or [])
+    if len(categories) != data.num_objects:
+        raise ValueError(f"method.uni_labels=category needs the category of each of the data's "
+                         f"{data.num_objects} object labels (DataInfo.object_categories), got "
+                         f"{len(categories)}; use method.uni_labels=object (variant=objects)")
+    names = sorted(set(categories))
+    rows = torch.arange(len(categories))
+    columns = torch.tensor([names.index(category) for category in categories], dtype=torch.long)
+    classes = torch.zeros(len(categories), len(names))
+    classes[rows, columns] = 1.0
+    return classes
 
 
 def encode_in_buckets(tower, input_ids: Tensor, attention_mask: Tensor, buckets: int) -> tuple[Tensor, Tensor]:
@@ -88,8 +128,8 @@ class TrainingView:
     """What both tasks read from one batch, drawn once per step (so ℓ_uni is deterministic).
 
     ``input_ids``/``attention_mask`` [B, L]: each image's caption in its drawn language.
-    ``cls``: ``objects`` [B, C]; ``captions``/``caption_mask`` [N, L] every present caption and
-    ``caption_objects`` [N, C] their image's labels. ``nce``: ``images_aug`` and ``positive_ids``/
+    ``cls``: ``objects`` [B, C] the image's classes (``method.uni_labels``); ``captions``/
+    ``caption_mask`` [N, L] every present caption and ``caption_objects`` [N, C] their image's. ``nce``: ``images_aug`` and ``positive_ids``/
     ``positive_mask`` [B, L] (the caption in another language, or a token-dropout copy)."""
 
     images: Tensor
@@ -110,8 +150,12 @@ class CoVLR(RetrievalModule):
 
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
+        self.method_cfg = resolve_settings(self.method_cfg)
         cfg, data = self.method_cfg, self.data_info
         self.uni_mode = self._resolve_uni_mode(cfg.uni_mode, data.num_objects)
+        classes = label_classes(cfg.uni_labels, data) if self.uni_mode == "cls" else None
+        self.register_buffer("label_classes", classes, persistent=False)
+        num_classes = data.num_objects if classes is None else classes.shape[1]
         if cfg.uni_text_captions not in UNI_TEXT_CAPTIONS:
             raise ValueError(f"method.uni_text_captions: expected one of {UNI_TEXT_CAPTIONS}, "
                              f"got {cfg.uni_text_captions!r}")
@@ -134,10 +178,10 @@ class CoVLR(RetrievalModule):
             nn.init.trunc_normal_(self.mask_vector, std=0.02, a=-0.04, b=0.04)
             new += [self.cross_t2i, self.mpm_head]
         if cfg.use_uni_img:
-            self.image_uni_head = self._uni_head(width, cfg.embed_dim, data.num_objects)
+            self.image_uni_head = self._uni_head(width, cfg.embed_dim, num_classes)
             new.append(self.image_uni_head)
         if cfg.use_uni_txt:
-            self.text_uni_head = self._uni_head(width, cfg.embed_dim, data.num_objects)
+            self.text_uni_head = self._uni_head(width, cfg.embed_dim, num_classes)
             new.append(self.text_uni_head)
         for module in new:
             bert_init_(module)
@@ -154,9 +198,16 @@ class CoVLR(RetrievalModule):
             raise ValueError("method.uni_mode=cls needs object labels, but the data has none (use nce or auto)")
         return mode
 
-    def _uni_head(self, width: int, embed_dim: int, num_objects: int) -> nn.Module:
+    def _uni_head(self, width: int, embed_dim: int, num_classes: int) -> nn.Module:
         """φ_cls: a linear classifier (``cls``); ψ: a projection with L2 output (``nce``)."""
-        return nn.Linear(width, num_objects) if self.uni_mode == "cls" else ProjectionHead(width, embed_dim)
+        return nn.Linear(width, num_classes) if self.uni_mode == "cls" else ProjectionHead(width, embed_dim)
+
+    def class_targets(self, objects: Tensor) -> Tensor:
+        """The batch's multi-hot object labels ``[B, num_objects]`` as multi-hot classes ``[B, C]``
+        (an image holding two objects of one category has that category once)."""
+        if self.label_classes is None:
+            return objects
+        return (objects.to(self.label_classes.dtype) @ self.label_classes).clamp(max=1).to(objects.dtype)
 
     # ---- parameter groups (spec §2.2) -------------------------------------------------------------
 
@@ -258,7 +309,7 @@ class CoVLR(RetrievalModule):
         if self.uni_mode == "cls":
             if "objects" not in batch:
                 raise ValueError("covlr uni_mode=cls: the training batch has no 'objects' labels")
-            view.objects = batch["objects"]
+            view.objects = self.class_targets(batch["objects"])
             if cfg.use_uni_txt and cfg.uni_text_captions == "drawn":
                 view.captions, view.caption_mask, view.caption_objects = view.input_ids, view.attention_mask, view.objects
             elif cfg.use_uni_txt:

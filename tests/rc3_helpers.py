@@ -25,7 +25,7 @@ class Info:
     num_objects: int = 0
 
 
-TINY = ["method.backbone.d_model=32", "method.backbone.heads=2", "method.backbone.ffn_dim=64",
+TINY = ["method.backbone.pretrained=null", "method.backbone.d_model=32", "method.backbone.heads=2", "method.backbone.ffn_dim=64",
         "method.backbone.dropout=0.0", "method.first_stage.dim=16", "method.visual.roi_dim=8",
         "method.visual.strict_input=patch", "method.visual.regions=null",
         "method.first_stage.image_encoder=null", "method.first_stage.text_encoder=null"]

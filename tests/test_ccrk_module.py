@@ -41,6 +41,9 @@ def method_config(**overrides):
     cfg = OmegaConf.load(CONFIG)
     cfg.pop("optim")
     cfg.ablation = None
+    # RANDOM_BACKBONES' tiny text encoder has no HF layers to seed the fusion from (see
+    # tests/test_ccrk_fusion_init.py for the preset's seeded fusion): a random 4-head fusion
+    cfg.fusion.init_from_text_layers, cfg.fusion.heads = None, 4
     return OmegaConf.merge(cfg, OmegaConf.create(overrides))
 
 

@@ -10,16 +10,18 @@ from experiments.config import compose, method_label
 from experiments.runs import config_fingerprint
 from methods.ccrk import CCRk
 from tests.test_ccrk_module import B, EVALUATION, K, OPTIM, Info, build, method_config, training_batch
+from worlds import random_backbones
 
 VARIANTS = ("full", "no_kcl", "no_hard_mitm", "no_hard_cmlm", "no_cl", "pure_kcl", "pure_one_to_one")
 
 
 def variant_module(variant, rerank_k=0):
-    """A tiny CCRk built from the method section ``variant=<variant>`` composes."""
+    """A tiny CCRk built from the method section ``variant=<variant>`` composes, on a random-init
+    HF XLM-R standing in for the world's (the preset seeds its fusion from it)."""
     method = compose(["method=ccrk", f"variant={variant}"]).method
     evaluation = {**EVALUATION, "rerank_k": rerank_k}
     torch.manual_seed(0)
-    return CCRk(method, OPTIM, Info(), evaluation)
+    return CCRk(method, OPTIM, Info(backbones=random_backbones(hf_text_for=Info())), evaluation)
 
 
 @pytest.fixture

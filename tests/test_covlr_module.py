@@ -30,11 +30,16 @@ class Info:
     image_size: int = IMAGE
     num_objects: int = CLASSES
     backbones: dict = field(default_factory=lambda: RANDOM_BACKBONES)
+    object_categories: tuple | None = None  # None: each label is its own category
+
+    def __post_init__(self):
+        if self.object_categories is None:
+            self.object_categories = tuple(f"label{i:03d}" for i in range(self.num_objects))
 
 
 def method_config(**overrides):
     """covlr.yaml at the spec's tiny test sizes, plus ``overrides``."""
-    tiny = {"embed_dim": 32, "cross_modal": {"layers": 1, "heads": 2}}
+    tiny = {"ablation": None, "embed_dim": 32, "cross_modal": {"layers": 1, "heads": 2}}
     return OmegaConf.merge(OmegaConf.load(CONFIG), tiny, overrides)
 
 

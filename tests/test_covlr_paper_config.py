@@ -28,7 +28,7 @@ def test_paper_architecture_from_tiny_saved_models_trains_one_step(tmp_path):
     assert paper.text_encoder.name == "hf:bert-base-multilingual-cased"
     assert (paper.d_model, paper.cross_modal.layers, paper.cross_modal.heads) == (768, 6, 12)
     tiny = OmegaConf.merge(paper, {
-        "embed_dim": 16, "d_model": 24, "cross_modal": {"heads": 4},
+        "ablation": None, "embed_dim": 16, "d_model": 24, "cross_modal": {"heads": 4},
         "image_encoder": {"pretrained": None, "options": TINY_SWIN},
         "text_encoder": {"name": "hf", "pretrained": str(checkpoint), "config": TINY_BERT},
     })

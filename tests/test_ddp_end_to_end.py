@@ -34,7 +34,7 @@ STAGES = {
               "method.translation.ctl.max_steps=31", "method.translation.max_tokens=null",
               "method.translation.sampling_beta=null", "method.trikd.max_steps=3",
               "method.trikd.languages=[en,ja]", "protocol=translate-train"],
-    "rc3": ["method.pretrain.max_steps=3", "method.finetune.max_steps=3"],  # pre-training, then ITR fine-tuning
+    "rc3": ["method.pretrain.max_steps=3", "method.finetune.max_steps=3", "method.backbone.pretrained=null"],  # pre-training, then ITR fine-tuning
 }
 
 

@@ -228,3 +228,84 @@ def test_a_stored_setting_the_schema_no_longer_knows_names_the_file(tmp_path):
     _write(runs / "gone", "ccrk", 0, 40.0, config=_config(0, data__retired_knob=1))
     with pytest.raises(ValueError, match=r"gone/metrics.json: .*data.retired_knob"):
         load_results(runs)
+
+
+# ---- learning curves ------------------------------------------------------------------------------
+
+def _with_curve(path, values, steps_per_point=150, stage_steps=None, stage="main"):
+    """Add a learning curve (one validation every ``steps_per_point`` steps) to a written run."""
+    record = json.loads((path / "metrics.json").read_text())
+    record["stage_steps"] = stage_steps or {stage: steps_per_point * len(values)}
+    offset = sum(list(record["stage_steps"].values())[:-1])
+    record["learning_curve"] = {"metric": "val/mR", "points": [
+        {"stage": stage, "step": offset + steps_per_point * (i + 1), "value": v} for i, v in enumerate(values)]}
+    (path / "metrics.json").write_text(json.dumps(record))
+
+
+def test_a_row_whose_curve_rose_over_the_last_fifth_is_marked_still_rising(tmp_path):
+    runs = tmp_path / "runs"
+    # one validation every 150 of 1,500 steps: the last fifth runs from step 1200 (8th point) to 1500
+    at_margin = [10, 20, 30, 40, 45, 48, 49, 50, 50.2, 50.5]  # +0.5, and +1.5 with the bump: mean +1.0
+    rising = [10, 12, 14, 16, 18, 20, 22, 24, 26, 28]         # step 1200: 24, step 1500: 28
+    for seed, bump in enumerate([0.0, 1.0]):
+        _write(runs / f"clip{seed}", "clip", seed, 50.0, config=_config(seed))
+        _with_curve(runs / f"clip{seed}", [v + bump * (i == 9) for i, v in enumerate(at_margin)])
+    _write(runs / "rising", "ccrk", 0, 30.0, config=_config(0))
+    _with_curve(runs / "rising", rising)
+    rows = {r["method"]: r for r in build(runs, tmp_path / "out")}
+    assert rows["clip"]["curve_rise"] == pytest.approx(1.0)
+    assert rows["ccrk"]["curve_rise"] == pytest.approx(4.0)
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| 50.00 ± 0.00 | +1.00 |" in markdown  # not more than the margin: not marked
+    assert "| 30.00 ± 0.00 | +4.00 ↑ |" in markdown
+    assert "- ↑ still rising: validation mR rose by more than 1.0" in markdown
+    steps, means, stds = rows["clip"]["curve"]
+    assert steps == list(range(150, 1501, 150)) and means[-1] == 51.0 and stds[-1] == 0.5
+    assert (tmp_path / "out" / "learning_curves.png").stat().st_size > 1000
+    with open(tmp_path / "out" / "leaderboard.csv") as f:
+        table = {r["method"]: r for r in csv.DictReader(f)}
+    assert (table["ccrk"]["val_mR_last_fifth_rise"], table["ccrk"]["still_rising"]) == ("4.0", "1")
+
+
+def test_a_flat_curve_is_not_marked_and_the_rise_reads_the_final_stage_only(tmp_path):
+    runs = tmp_path / "runs"
+    _write(runs / "flat", "clip", 0, 50.0)
+    _with_curve(runs / "flat", [10, 30, 45, 49, 50, 50.4, 50.2, 50.6, 50.9, 50.0])  # 1200: 50.6 -> 50.0
+    _write(runs / "staged", "mclip", 0, 40.0)
+    # stage 1 (1000 steps) rose a lot; the final stage (500 steps, from run step 1000) is flat
+    record = json.loads((runs / "staged" / "metrics.json").read_text())
+    record["stage_steps"] = {"stage1": 1000, "finetune": 500}
+    record["learning_curve"] = {"metric": "val/mR", "points": [
+        {"stage": "stage1", "step": 500, "value": 5.0}, {"stage": "stage1", "step": 1000, "value": 30.0},
+        {"stage": "finetune", "step": 1300, "value": 40.0}, {"stage": "finetune", "step": 1400, "value": 40.5},
+        {"stage": "finetune", "step": 1500, "value": 40.9}]}
+    (runs / "staged" / "metrics.json").write_text(json.dumps(record))
+    rows = {r["method"]: r for r in build(runs, tmp_path / "out")}
+    assert rows["clip"]["curve_rise"] == pytest.approx(-0.6)
+    assert rows["mclip"]["curve_rise"] == pytest.approx(0.4)  # boundary 1400: 40.5 -> 40.9
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| -0.60 |" in markdown and "| +0.40 |" in markdown
+    assert " ↑ |" not in markdown and "- ↑ still rising" not in markdown
+
+
+def test_runs_without_a_curve_still_load_and_show_no_curve(tmp_path):
+    runs = tmp_path / "runs"
+    _write(runs / "old", "clip", 0, 50.0)  # written before learning curves existed
+    _write(runs / "once", "ccrk", 0, 40.0)
+    _with_curve(runs / "once", [40.0], steps_per_point=780, stage_steps={"main": 1500})  # one validation
+    rows = {r["method"]: r for r in build(runs, tmp_path / "out")}
+    assert rows["clip"]["curve_rise"] is None and rows["clip"]["curve"] is None
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| no curve |" in markdown and "| too few validations |" in markdown
+    assert (tmp_path / "out" / "learning_curves.png").exists()
+
+
+def test_a_malformed_curve_is_an_error_naming_the_file_and_point(tmp_path):
+    runs = tmp_path / "runs"
+    _write(runs / "bad", "clip", 0, 50.0)
+    _with_curve(runs / "bad", [40.0, 41.0])
+    record = json.loads((runs / "bad" / "metrics.json").read_text())
+    record["learning_curve"]["points"][1]["value"] = None
+    (runs / "bad" / "metrics.json").write_text(json.dumps(record))
+    with pytest.raises(ValueError, match=r"bad/metrics.json: learning_curve.points\[1\] needs an integer"):
+        load_results(runs)

@@ -225,7 +225,7 @@ def test_data_without_the_key_ships_no_features(dataset):
 
 # ---- RC3 on shipped features -------------------------------------------------------------------
 
-RC3_TINY = ["method=rc3", "method.backbone.d_model=32", "method.backbone.heads=2",
+RC3_TINY = ["method=rc3", "method.backbone.pretrained=null", "method.backbone.d_model=32", "method.backbone.heads=2",
             "method.backbone.ffn_dim=64", "method.first_stage.dim=16", f"method.visual.roi_dim={DIM}",
             "method.visual.strict_input=roi", "evaluation.rerank_k=3", "method.pretrain.max_steps=1",
             "method.finetune.max_steps=1", "method.first_stage.image_encoder=null",

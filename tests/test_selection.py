@@ -106,6 +106,25 @@ def test_a_resumed_run_keeps_the_validation_it_made_before_the_interruption(worl
     assert result["resumed_from_step"] == 8
     assert result["selected"] == expected["selected"] == {"metric": "val/en/mR", "score": 94.0, "step": 6}
     assert result["metrics"] == expected["metrics"]
+    # the step-6 validation made before the kill is kept, the step-12 one made after the resume added
+    assert [p["step"] for p in result["learning_curve"]["points"]] == [6, 12]
+    assert result["learning_curve"] == expected["learning_curve"]
+
+
+@pytest.mark.slow
+def test_the_record_holds_the_mean_recall_of_every_validation(world, tmp_path):
+    """metrics.json's learning curve: one point per validation (steps 6 and 12), its val mR as logged."""
+    runs = tmp_path / "runs"
+    train(compose(overrides(world, runs, "curve", "trainer.max_steps=12")))
+    run = run_folder(runs, "curve")
+    curve = json.loads((run / "metrics.json").read_text())["learning_curve"]
+    logged = [line.split(",") for line in (run / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()]
+    column, step_column = logged[0].index("val/mR"), logged[0].index("step")
+    scores = {int(row[step_column]) + 1: float(row[column]) for row in logged[1:] if row[column]}
+    assert curve["metric"] == "val/mR"
+    assert [(p["stage"], p["step"]) for p in curve["points"]] == [("main", 6), ("main", 12)]
+    assert [p["value"] for p in curve["points"]] == pytest.approx([scores[6], scores[12]], abs=1e-4)
+    assert scores[6] != scores[12]
 
 
 def test_selection_needs_a_val_split(world, tmp_path):

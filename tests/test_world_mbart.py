@@ -106,7 +106,8 @@ def test_a_seq2seq_recipe_leaves_the_encoders_cache_folder_alone():
 
 
 def rc3(world, *overrides):
-    cfg = compose(["method=rc3", "method.backbone.pretrained=world", "method.backbone.d_model=32",
+    """RC3 from its preset (which starts from the world mBART) at this world's mBART size."""
+    cfg = compose(["method=rc3", "method.backbone.d_model=32",
                    "method.backbone.heads=2", "method.backbone.ffn_dim=64",
                    "method.backbone.encoder_layers=1", "method.backbone.decoder_layers=1",
                    "method.visual.strict_input=patch", "method.visual.regions=null", *overrides])
@@ -155,7 +156,8 @@ def test_the_first_stage_reads_frozen_encoders_and_only_its_probe_heads_train(wo
 
 def test_a_first_stage_on_data_without_world_encoders_names_the_config_key(world):
     info = dataclasses.replace(world.info, backbones={})
-    cfg = compose(["method=rc3", "method.visual.strict_input=patch", "method.visual.regions=null"])
+    cfg = compose(["method=rc3", "method.backbone.pretrained=null", "method.visual.strict_input=patch",
+                   "method.visual.regions=null"])
     with pytest.raises(ValueError, match="method.first_stage: image encoder 'world'.*set method.first_stage"):
         RC3(cfg.method, cfg.optim, info, cfg.evaluation)
     with pytest.raises(ValueError, match="name both image_encoder and text_encoder"):

@@ -3,7 +3,7 @@ small grammar per language (``languages/``), with knobs for translation noise, w
 partial language coverage and graded relevance. See docs/synthetic.md."""
 
 from .languages import available as available_languages
-from .scene import Scene, relevance_matrix
+from .scene import Scene, label_categories, relevance_matrix
 from .world import (
     PRETRAIN,
     SPLITS,
@@ -27,6 +27,7 @@ __all__ = [
     "available_languages",
     "build_pretrain",
     "build_world",
+    "label_categories",
     "load_split",
     "parallel_text_dir",
     "relevance_matrix",

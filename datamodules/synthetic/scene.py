@@ -33,6 +33,11 @@ class SceneObject:
         """The object label methods see (``extras["objects"]``): colour and shape."""
         return f"{self.colour} {self.shape}"
 
+    @property
+    def category(self) -> str:
+        """The label's category, the world's analogue of a COCO object category: the shape."""
+        return self.shape
+
 
 @dataclass(frozen=True)
 class Scene:
@@ -56,6 +61,11 @@ class Scene:
             tuple(SceneObject(**o) for o in raw["distractors"]),
             raw["background"],
         )
+
+
+def label_categories(scene_json: dict) -> dict[str, str]:
+    """Label -> category of the described objects of one record's scene (``extras["scene"]``)."""
+    return {o.label: o.category for o in Scene.from_json(scene_json).objects}
 
 
 def sample_scene(
