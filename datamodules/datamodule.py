@@ -32,6 +32,7 @@ from .datasets import (
     TrainDataset,
     collate_images,
 )
+from . import pretrained_io
 from .parallel_batches import parallel_batches
 from .readers import captions_parallel, read_dataset
 from .readers.parallel_text import ParallelText, read_parallel_text
@@ -197,6 +198,7 @@ class CCRDataModule(L.LightningDataModule):
         self._token_counts: dict[str, int] = {}  # sentence -> tokens, for token-counted batches
         self._roi_store: RoiStore | None = None
         self._roi_keys: dict[str, dict[str, str]] = {}  # role -> record id -> ROI store key
+        self._pretrained_io: pretrained_io.PretrainedIO | None = None
 
     # ---- where the data is --------------------------------------------------------------------
     @property
@@ -328,7 +330,7 @@ class CCRDataModule(L.LightningDataModule):
             cls_token_id=tokenizer.cls_token_id,
             eos_token_id=tokenizer.eos_token_id,
             mask_token_id=tokenizer.mask_token_id,
-            max_length=int(self.cfg.max_length),
+            max_length=getattr(tokenizer, "text_length", None) or int(self.cfg.max_length),
             image_size=int(self.cfg.image_size),
             num_objects=len(labels),
             backbones=backbones.LazyBackbones(self._world_builders()),
@@ -389,7 +391,17 @@ class CCRDataModule(L.LightningDataModule):
                                     int(self.cfg.max_length), recipe)
         return backbones.seq2seq_spec(target)
 
+    @property
+    def pretrained(self) -> pretrained_io.PretrainedIO | None:
+        """The pretrained model's own preprocessing and tokenizer (``data.pretrained_io``), or None."""
+        spec = self.cfg.get("pretrained_io")
+        if spec is not None and self._pretrained_io is None:
+            self._pretrained_io = pretrained_io.load(OmegaConf.to_container(spec, resolve=True))
+        return self._pretrained_io
+
     def _build_tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None and self.pretrained is not None:
+            self._tokenizer = pretrained_io.PretrainedTokenizer(self.pretrained)
         if self._tokenizer is None:
             corpus = None
             if self.cfg.tokenizer.name == OFFLINE:
@@ -418,8 +430,15 @@ class CCRDataModule(L.LightningDataModule):
 
     # ---- loaders ------------------------------------------------------------------------------
     def image_transform(self) -> ImageTransform:
-        """Pixels of one image as every loader of this data reads them (size, mean, std)."""
+        """Pixels of one image as the suite reads them (size, mean, std)."""
         return ImageTransform(int(self.cfg.image_size), self.cfg.image_mean, self.cfg.image_std)
+
+    def loader_transform(self):
+        """Pixels of one image as the loaders read them: the suite's transform, or the pretrained
+        model's own preprocessing when ``data.pretrained_io`` is set."""
+        if self.pretrained is not None:
+            return pretrained_io.PretrainedImageTransform(self.pretrained)
+        return self.image_transform()
 
     def _check_languages(self, languages: list[str]) -> None:
         unknown = [lang for lang in languages if lang not in self.languages]
@@ -446,7 +465,7 @@ class CCRDataModule(L.LightningDataModule):
                 f"{languages} and are left out"
             )
         dataset = TrainDataset(
-            records, languages, self.image_root, self.image_transform(), self._labels,
+            records, languages, self.image_root, self.loader_transform(), self._labels,
             parallel=self.captions_parallel, rois=self._image_rois("train", records),
         )
         if dataset.unaligned:
@@ -495,7 +514,7 @@ class CCRDataModule(L.LightningDataModule):
                 relevance=relevance,
                 image_paths=[self.image_root / r.image for r in records],
                 captions=captions,
-                transform=self.image_transform(),
+                transform=self.loader_transform(),
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,
                 num_workers=int(self.cfg.num_workers),

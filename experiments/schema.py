@@ -112,6 +112,8 @@ class DataConfig:
     roi_features: Optional[str] = None  # precomputed ROI features: an LMDB or a .npy folder
     roi_regions: int = bounded(36, minimum=1)  # regions per image in a batch (padded and masked)
     on_missing_roi: str = "error"
+    pretrained_io: Optional[Dict[str, Any]] = None  # a pretrained model's own preprocessing and
+                                                    # tokenizer (set by method.encoders=zoo:<name>)
 
 
 @dataclass

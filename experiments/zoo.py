@@ -90,6 +90,36 @@ class ZooEntry:
                         remote_code=self.loader == "hf_remote", text_length=self.text_length)
 
 
+ENCODERS_KEY = "method.encoders"
+ENCODER_SECTIONS = ("image_encoder", "text_encoder")
+
+
+def expand_encoders(cfg, overrides: Sequence[str]) -> list[str]:
+    """Apply ``method.encoders=zoo:<name>`` (if among ``overrides``) to the composed ``cfg``: both
+    encoders become the zoo model's towers, the data reads images and captions through its own
+    preprocessing and tokenizer, and a method with ``projection`` maps nothing more (``none``), so
+    at step 0 the method embeds exactly as the model's external row does. Returns the other
+    overrides."""
+    rest = [item for item in overrides if not item.startswith(f"{ENCODERS_KEY}=")]
+    given = [item.partition("=")[2] for item in overrides if item.startswith(f"{ENCODERS_KEY}=")]
+    if not given:
+        return rest
+    value = given[-1]
+    if not value.startswith(PREFIX):
+        raise ConfigError(f"{ENCODERS_KEY}={value}: expected zoo:<name> (an entry of {zoo_dir()})")
+    missing = [s for s in ENCODER_SECTIONS if s not in cfg.method]
+    if missing:
+        raise ConfigError(f"{ENCODERS_KEY}: method {cfg.method.name} has no top-level "
+                          f"{' / '.join(missing)} (its encoders are set elsewhere in its preset)")
+    spec = entry(value.removeprefix(PREFIX)).spec().to_dict()
+    for section in ENCODER_SECTIONS:
+        cfg.method[section] = {"name": "pretrained", "spec": dict(spec)}
+    if "projection" in cfg.method:
+        cfg.method.projection = "none"
+    cfg.data.pretrained_io = dict(spec)
+    return rest
+
+
 def zoo_dir() -> Path:
     """Where zoo entries are read: ``CCR_ZOO_DIR`` if set (your own entries), else the suite's."""
     return Path(os.environ.get("CCR_ZOO_DIR") or ZOO_DIR)

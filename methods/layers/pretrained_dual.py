@@ -262,20 +262,31 @@ class TextTower(nn.Module):
 
 
 def image_tower(spec: DualSpec) -> ImageTower:
-    """The image half of a freshly loaded model (the text half is dropped)."""
-    model = load_model(spec)
+    """The image half of a freshly loaded model (the text half is dropped); ``width`` is its
+    embedding width, read off a blank image through the model's own preprocessing."""
+    model, io = load_dual(spec)
     keep_parts(model, ("visual",) if spec.library == "open_clip" else IMAGE_PARTS)
-    return ImageTower(model, spec.library)
+    tower = ImageTower(model, spec.library)
+    tower.width = _output_width(tower, io.preprocess([Image.new("RGB", (64, 64))]))
+    return tower
 
 
 def text_tower(spec: DualSpec) -> TextTower:
-    """The text half of a freshly loaded model (the image half and the logit scale are dropped)."""
-    model = load_model(spec)
+    """The text half of a freshly loaded model (the image half and the logit scale are dropped);
+    ``width`` is its embedding width, read off one caption through the model's tokenizer."""
+    model, io = load_dual(spec)
     if spec.library == "open_clip":
         keep_parts(model, ("",), drop=("visual", *OPEN_CLIP_SHARED))
-        return TextTower(model, spec.library, use_mask=False)
-    from transformers import AutoTokenizer
+    else:
+        keep_parts(model, TEXT_PARTS)
+    tower = TextTower(model, spec.library, io.uses_mask)
+    tokens = io.tokenize(["a"], None)
+    tower.width = _output_width(tower, tokens["input_ids"], tokens["attention_mask"])
+    return tower
 
-    keep_parts(model, TEXT_PARTS)
-    tokenizer = AutoTokenizer.from_pretrained(spec.model, **_hf_kwargs(spec))
-    return TextTower(model, spec.library, use_mask=_reads_mask(tokenizer))
+
+@torch.no_grad()
+def _output_width(tower: nn.Module, *inputs: Tensor) -> int:
+    """The width of a tower's output (models name it differently: projection_dim, output_dim, a
+    hidden size when there is no projection), read off one forward pass."""
+    return int(tower(*inputs).shape[-1])
