@@ -56,7 +56,8 @@ def save_tiny_hf_clip(folder: Path, corpus: list[str], seed: int = 0) -> Path:
         projection_dim=8,
     )
     CLIPModel(config).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                       image_mean=[0.5] * 3, image_std=[0.25] * 3).save_pretrained(folder)
     return folder
 
 
@@ -76,7 +77,8 @@ def save_tiny_metaclip2(folder: Path, corpus: list[str], seed: int = 0) -> Path:
         projection_dim=8,
     )
     MetaClip2Model(config).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                       image_mean=[0.5] * 3, image_std=[0.25] * 3).save_pretrained(folder)
     return folder
 
 
@@ -168,5 +170,6 @@ def save_tiny_remote_code(folder: Path, corpus: list[str], seed: int = 0,
     config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
     torch.manual_seed(seed)
     AutoModel.from_config(config, trust_remote_code=True).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
+                       image_mean=[0.5] * 3, image_std=[0.25] * 3).save_pretrained(folder)
     return folder
