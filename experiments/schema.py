@@ -72,6 +72,7 @@ class TrainerConfig:
     progress_refresh_rate: int = bounded(10, minimum=0)
     gradient_clip_val: Optional[float] = bounded(1.0, minimum=0)
     accumulate_grad_batches: int = bounded(1, minimum=1)
+    logger: List[str] = field(default_factory=lambda: ["tensorboard", "csv"])  # + wandb, mlflow (extras)
 
 
 @dataclass

@@ -21,6 +21,7 @@ import methods
 from datamodules.datamodule import CCRDataModule
 from experiments import cli
 from experiments.config import compose
+from experiments.loggers import check_loggers
 from experiments.runs import (
     checkpoints_in,
     claim_run_dir,
@@ -122,6 +123,7 @@ def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage
 def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
     configure_threads(cfg)
+    check_loggers(cfg)
     with claim_run_dir(cfg) as run_dir:
         if cfg.ckpt_path == "last":
             for path in checkpoints_in(run_dir):
