@@ -92,6 +92,9 @@ class ZooEntry:
 
 ENCODERS_KEY = "method.encoders"
 ENCODER_SECTIONS = ("image_encoder", "text_encoder")
+# Methods that read only the towers' pooled embeddings, which is all a pretrained dual encoder's
+# tower gives (ccrk and covlr read token states: fusion, a masked LM tied to the token embeddings).
+POOLED_METHODS = ("clip", "cl2cm")
 
 
 def expand_encoders(cfg, overrides: Sequence[str]) -> list[str]:
@@ -111,6 +114,11 @@ def expand_encoders(cfg, overrides: Sequence[str]) -> list[str]:
     if missing:
         raise ConfigError(f"{ENCODERS_KEY}: method {cfg.method.name} has no top-level "
                           f"{' / '.join(missing)} (its encoders are set elsewhere in its preset)")
+    if cfg.method.name not in POOLED_METHODS:
+        raise ConfigError(f"{ENCODERS_KEY}: method {cfg.method.name} reads token states, which a "
+                          f"pretrained dual encoder's towers do not give (one embedding each); "
+                          f"fine-tune with {' or '.join(POOLED_METHODS)}, or name open_clip:/hf: "
+                          "encoders in its image_encoder / text_encoder")
     spec = entry(value.removeprefix(PREFIX)).spec().to_dict()
     for section in ENCODER_SECTIONS:
         cfg.method[section] = {"name": "pretrained", "spec": dict(spec)}

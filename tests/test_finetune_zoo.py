@@ -69,6 +69,8 @@ def test_method_encoders_needs_a_zoo_name_and_top_level_encoders(zoo_dir, monkey
         compose(["method=clip", "method.encoders=hf:x"])
     with pytest.raises(ConfigError, match="method mclip has no top-level image_encoder"):
         compose(["method=mclip", "method.encoders=zoo:tiny-open-clip"])
+    with pytest.raises(ConfigError, match="method ccrk reads token states"):
+        compose(["method=ccrk", "method.encoders=zoo:tiny-open-clip"])
     with pytest.raises(ConfigError, match="zoo:absent: no"):
         compose(["method=clip", "method.encoders=zoo:absent"])
 
