@@ -103,3 +103,20 @@ def test_lit_from_a_zoo_model_leaves_the_image_tower_bit_identical_after_trainin
     assert image and text
     assert all(torch.equal(before[k], after[k]) for k in image)
     assert any(not torch.equal(before[k], after[k]) for k in text)
+
+
+def test_the_new_keys_at_their_defaults_leave_a_runs_fingerprint_unchanged():
+    """Runs composed before projection / lit / pretrained_io / logger existed group with new ones."""
+    from omegaconf import OmegaConf
+
+    from experiments.runs import config_fingerprint
+
+    config = OmegaConf.to_container(compose(["method=clip"]), resolve=True)
+    assert (config["method"]["projection"], config["method"]["lit"]) == ("linear", False)
+    earlier = {**config, "method": {k: v for k, v in config["method"].items()
+                                    if k not in ("projection", "lit")},
+               "data": {k: v for k, v in config["data"].items() if k != "pretrained_io"},
+               "trainer": {k: v for k, v in config["trainer"].items() if k != "logger"}}
+    assert config_fingerprint(config) == config_fingerprint(earlier)
+    lit = OmegaConf.to_container(compose(["method=clip", "method.lit=true"]), resolve=True)
+    assert config_fingerprint(lit) != config_fingerprint(config)
