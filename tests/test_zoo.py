@@ -174,3 +174,36 @@ def test_a_model_whose_embeddings_depend_on_the_batch_is_scored_and_marked(world
     clean = score([f"model=hf:{models['hf_remote']}", "remote_code=true", f"revision={COMMIT}"],
                   world, tmp_path / "clean")
     assert clean["external"]["batch_invariance"]["invariant"] is True
+
+
+class _HfStyleTokenizer:
+    """open_clip's HFTokenizer as XLM-R models get it: ``set_language`` exists, but only an NLLB
+    tokenizer has a language function (``set_lang_fn``)."""
+
+    context_length = 4
+    languages = []
+
+    def __init__(self, nllb):
+        if nllb:
+            self.set_lang_fn = self.languages.append
+
+    def set_language(self, code):
+        self.set_lang_fn(code)
+
+    def __call__(self, texts):
+        import torch
+
+        return torch.ones(len(texts), self.context_length, dtype=torch.long)
+
+
+def test_only_an_nllb_tokenizer_is_told_the_caption_language():
+    from methods.layers.pretrained_dual import DualSpec, PretrainedIO, PretrainedModelError
+
+    spec = DualSpec("open_clip", "some-arch", "tag")
+    xlmr = PretrainedIO(spec, None, _HfStyleTokenizer(nllb=False), 4)
+    assert xlmr.tokenize(["a caption"], None)["input_ids"].shape == (1, 4)  # no language needed
+    nllb = PretrainedIO(spec, None, _HfStyleTokenizer(nllb=True), 4)
+    nllb.tokenize(["ein Bild"], "de")
+    assert _HfStyleTokenizer.languages == ["deu_Latn"]
+    with pytest.raises(PretrainedModelError, match="needs each caption's language"):
+        nllb.tokenize(["a caption"], None)

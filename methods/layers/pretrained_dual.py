@@ -102,7 +102,7 @@ class PretrainedIO:
         """``{"input_ids", "attention_mask"}`` of ``texts``, every caption padded to the model's
         full text length: an embedding then does not depend on the batch it lands in."""
         if self.spec.library == "open_clip":
-            if hasattr(self.tokenizer, "set_language"):  # NLLB: the language is part of the input
+            if hasattr(self.tokenizer, "set_lang_fn"):  # NLLB: the language is part of the input
                 if language is None:
                     raise PretrainedModelError(
                         f"{self.spec.label} needs each caption's language (an NLLB tokenizer); "
