@@ -43,7 +43,7 @@ from experiments.config import ConfigError, compose
 from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
 from experiments.runs import claim_run_dir, run_record, strict_json, write_atomic
 from methods.layers import pretrained_dual
-from methods.layers.pretrained_dual import LIBRARIES, DualSpec, PretrainedModelError
+from methods.layers.pretrained_dual import DualSpec, PretrainedModelError
 
 PROTOCOL = "zero-shot"
 SCORER = "itc"
@@ -67,6 +67,7 @@ class ModelSpec:
     remote_code: bool = False
     text_length: int | None = None
     zoo: str | None = None
+    image_model: str | None = None
 
     @classmethod
     def parse(cls, model: str, pretrained: str | None, revision: str | None = None,
@@ -78,7 +79,7 @@ class ModelSpec:
                                   "leave pretrained= and remote_code= out")
             return cls.from_zoo(zoo.entry(model.removeprefix(zoo.PREFIX)), revision)
         library, sep, name = model.partition(":")
-        if not sep or library not in LIBRARIES or not name:
+        if not sep or library not in ("open_clip", "hf") or not name:
             raise ConfigError(f"model={model!r}: expected open_clip:<arch>, hf:<name or path> or "
                               "zoo:<name>")
         schema = name.startswith(("local-dir:", "hf-hub:"))
@@ -99,13 +100,13 @@ class ModelSpec:
     def from_zoo(cls, entry: "zoo.ZooEntry", revision: str | None = None) -> "ModelSpec":
         dual = entry.spec(revision)
         return cls(dual.library, dual.model, dual.pretrained, dual.revision, dual.remote_code,
-                   dual.text_length, zoo=entry.name)
+                   dual.text_length, zoo=entry.name, image_model=dual.image_model)
 
     @property
     def dual(self) -> DualSpec:
         try:
             return DualSpec(self.library, self.name, self.pretrained, self.revision,
-                            self.remote_code, self.text_length)
+                            self.remote_code, self.text_length, self.image_model)
         except PretrainedModelError as err:
             raise ConfigError(str(err)) from None
 
@@ -256,7 +257,8 @@ def external_config(spec: ModelSpec, overrides: Sequence[str]) -> DictConfig:
     cfg = compose([*overrides, "method=clip"])  # the method preset is replaced below
     cfg.method = {"name": "external", "library": spec.library, "model": spec.name,
                   "pretrained": spec.pretrained, "revision": spec.revision,
-                  "remote_code": spec.remote_code, "text_length": spec.text_length, "zoo": spec.zoo}
+                  "remote_code": spec.remote_code, "text_length": spec.text_length, "zoo": spec.zoo,
+                  "image_model": spec.image_model}
     cfg.protocol = PROTOCOL
     cfg.preset.method = spec.slug  # the run folder: <run_dir>/<data>/<slug>/<run_id>
     return cfg
@@ -299,7 +301,7 @@ def external_record(cfg: DictConfig, spec: ModelSpec, report: dict[str, float], 
         cfg, report, method=spec.label, protocol=PROTOCOL, scorer=SCORER, split="test",
         external={"library": spec.library, "model": spec.name, "pretrained": spec.pretrained,
                   "revision": revision, "remote_code": spec.remote_code, "zoo": spec.zoo,
-                  "batch_invariance": batch_invariance},
+                  "image_model": spec.image_model, "batch_invariance": batch_invariance},
         **facts,
     )
 

@@ -24,7 +24,7 @@ from methods.layers.pretrained_dual import COMMIT, DualSpec
 
 ZOO_DIR = CONFIG_DIR / "zoo"
 LOADERS = {"open_clip": "open_clip", "hf_clip": "hf", "hf_metaclip2": "hf", "hf_remote": "hf",
-           "mclip": None}
+           "mclip": "mclip"}
 REQUIRED = ("loader", "model", "licence", "preprocessing", "languages")
 OPTIONAL = ("pretrained", "revision", "text_length", "image_model")
 PREFIX = "zoo:"
@@ -69,6 +69,9 @@ class ZooEntry:
                 and not raw["model"].startswith(("local-dir:", "hf-hub:")):
             raise ConfigError(f"{path}: field 'pretrained' is needed for an open_clip arch (without it "
                               "open_clip builds random weights)")
+        if (raw["loader"] == "mclip") != bool(raw.get("image_model")):
+            raise ConfigError(f"{path}: field 'image_model' (the open_clip image tower, with its tag "
+                              "in 'pretrained') is for, and needed by, loader mclip")
         text_length = raw.get("text_length")
         if text_length is not None and (not isinstance(text_length, int) or text_length < 2):
             raise ConfigError(f"{path}: field 'text_length' = {text_length!r}: an integer >= 2")
@@ -77,9 +80,6 @@ class ZooEntry:
     def spec(self, revision: str | None = None) -> DualSpec:
         """How to load it; ``revision`` (the command line's) overrides the entry's."""
         library = LOADERS[self.loader]
-        if library is None:
-            raise ConfigError(f"zoo:{self.name} ({self.source}): loader '{self.loader}' has no "
-                              "implementation in this suite yet")
         if self.loader == "hf_metaclip2":
             import transformers
 
@@ -87,7 +87,8 @@ class ZooEntry:
                 raise ConfigError(f"zoo:{self.name}: transformers {transformers.__version__} has no "
                                   "MetaClip2Model; install a release that has it")
         return DualSpec(library, self.model, self.pretrained, revision or self.revision,
-                        remote_code=self.loader == "hf_remote", text_length=self.text_length)
+                        remote_code=self.loader == "hf_remote", text_length=self.text_length,
+                        image_model=self.image_model)
 
 
 ENCODERS_KEY = "method.encoders"
@@ -157,6 +158,9 @@ def _in_hf_cache(repo: str, filenames: Sequence[str], revision: str | None) -> b
 
 def _weights_cached(spec: DualSpec) -> bool:
     """Whether the weights are on this machine (a folder, or the hub / open_clip cache)."""
+    if spec.library == "mclip":
+        image = DualSpec("open_clip", spec.image_model, spec.pretrained)
+        return _weights_cached(DualSpec("hf", spec.model, revision=spec.revision)) and _weights_cached(image)
     if spec.library == "hf":
         if Path(spec.model).is_dir():
             return True

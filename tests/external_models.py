@@ -173,3 +173,26 @@ def save_tiny_remote_code(folder: Path, corpus: list[str], seed: int = 0,
     CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
                        image_mean=[0.5] * 3, image_std=[0.25] * 3).save_pretrained(folder)
     return folder
+
+
+def save_tiny_mclip(folder: Path, corpus: list[str], width: int = 16, seed: int = 0) -> Path:
+    """An M-CLIP text-encoder folder as the hub's: ``config.json`` naming the XLM-R ``modelBase``
+    (a tiny one saved beside it) and the widths, weights ``transformer.*`` + ``LinearTransformation.*``,
+    and its tokenizer. Its image tower is an open_clip model of embedding width ``width``."""
+    from transformers import XLMRobertaConfig, XLMRobertaModel
+
+    tokenizer = _save_tiny_tokenizer(folder, corpus)
+    base = folder.parent / f"{folder.name}-xlmr-base"
+    config = XLMRobertaConfig(vocab_size=len(tokenizer), hidden_size=24, num_hidden_layers=1,
+                              num_attention_heads=2, intermediate_size=48,
+                              max_position_embeddings=40, pad_token_id=tokenizer.pad_token_id)
+    config.save_pretrained(base)
+    torch.manual_seed(seed)
+    transformer = XLMRobertaModel(config)
+    projection = torch.nn.Linear(24, width)
+    state = {**{f"transformer.{k}": v for k, v in transformer.state_dict().items()},
+             **{f"LinearTransformation.{k}": v for k, v in projection.state_dict().items()}}
+    torch.save(state, folder / "pytorch_model.bin")
+    (folder / "config.json").write_text(json.dumps({
+        "model_type": "M-CLIP", "modelBase": str(base), "transformerDimensions": 24, "numDims": width}))
+    return folder

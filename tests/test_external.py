@@ -129,7 +129,8 @@ def assert_external(record, *, library, model, pretrained=None, revision=None, r
     """The row's ``external`` record: what was loaded, and a passed batch-size check."""
     external_fields = {k: v for k, v in record["external"].items() if k != "batch_invariance"}
     assert external_fields == {"library": library, "model": model, "pretrained": pretrained,
-                               "revision": revision, "remote_code": remote_code, "zoo": zoo}
+                               "revision": revision, "remote_code": remote_code, "zoo": zoo,
+                               "image_model": None}
     check = record["external"]["batch_invariance"]
     assert check["invariant"] and check["batch_sizes"] == [16, 1], check
     assert check["images"] == 16 and check["captions"] == 16 and check["max_abs_diff"] <= 1e-4

@@ -12,12 +12,12 @@ import torch
 from experiments import external, train
 from experiments.config import ConfigError, compose
 from experiments.trainer import build_trainer
-from external_models import (save_tiny_hf_clip, save_tiny_metaclip2, save_tiny_open_clip,
-                             save_tiny_remote_code)
+from external_models import (save_tiny_hf_clip, save_tiny_mclip, save_tiny_metaclip2,
+                             save_tiny_open_clip, save_tiny_remote_code)
 from test_external import TINY_WORLD, world_overrides
 from test_zoo import CORPUS, family_entries
 
-FAMILIES = ["tiny-open-clip", "tiny-hf-clip", "tiny-metaclip2", "tiny-remote"]
+FAMILIES = ["tiny-open-clip", "tiny-hf-clip", "tiny-metaclip2", "tiny-remote", "tiny-mclip"]
 
 
 @pytest.fixture(scope="module")
@@ -33,6 +33,7 @@ def zoo_dir(tmp_path_factory):
         "hf_clip": save_tiny_hf_clip(root / "hf-clip", CORPUS),
         "hf_metaclip2": save_tiny_metaclip2(root / "metaclip2", CORPUS),
         "hf_remote": save_tiny_remote_code(root / "remote", CORPUS),
+        "mclip": save_tiny_mclip(root / "mclip", CORPUS),
     }
     family_entries(root / "zoo", models)
     return root / "zoo"

@@ -9,8 +9,8 @@ import pytest
 
 from experiments import external, leaderboard, zoo
 from experiments.config import ConfigError
-from external_models import (save_tiny_hf_clip, save_tiny_metaclip2, save_tiny_open_clip,
-                             save_tiny_remote_code)
+from external_models import (save_tiny_hf_clip, save_tiny_mclip, save_tiny_metaclip2,
+                             save_tiny_open_clip, save_tiny_remote_code)
 from test_external import assert_same_scores, run_cli, world_overrides
 
 CORPUS = ["a red square on the left", "ein grüner Kreis unten", "左に赤い四角"] * 4
@@ -32,6 +32,7 @@ def models(tmp_path_factory):
         "hf_metaclip2": save_tiny_metaclip2(root / "metaclip2", CORPUS),
         "hf_remote": save_tiny_remote_code(root / "remote", CORPUS),
         "batch_dependent": save_tiny_remote_code(root / "batch-dependent", CORPUS, batch_centered=True),
+        "mclip": save_tiny_mclip(root / "mclip", CORPUS),
     }
 
 
@@ -49,6 +50,8 @@ def family_entries(folder: Path, models: dict) -> dict[str, dict]:
         "tiny-hf-clip": {"loader": "hf_clip", "model": str(models["hf_clip"])},
         "tiny-metaclip2": {"loader": "hf_metaclip2", "model": str(models["hf_metaclip2"])},
         "tiny-remote": {"loader": "hf_remote", "model": str(models["hf_remote"]), "revision": COMMIT},
+        "tiny-mclip": {"loader": "mclip", "model": str(models["mclip"]),
+                       "image_model": f"local-dir:{models['open_clip']}"},
     }
     for name, entry in fields.items():
         write_entry(folder, name, **entry)
@@ -76,7 +79,7 @@ def test_every_shipped_zoo_entry_parses_and_names_a_model_its_loader_knows():
                    ("open_clip", "xlm-roberta-large-ViT-H-14", "frozen_laion5b_s13b_b90k"),
                    ("hf_clip", "BAAI/AltCLIP-m18", None),
                    ("hf_remote", "jinaai/jina-clip-v2", None),
-                   ("mclip", "M-CLIP/XLM-Roberta-Large-Vit-B-16Plus", None)]:
+                   ("mclip", "M-CLIP/XLM-Roberta-Large-Vit-B-16Plus", "laion400m_e32")]:
         assert wanted in models, wanted
     assert entries["jina-clip-v2"].revision is None  # unverified here: refused until pinned
 
@@ -145,18 +148,19 @@ def test_eval_zoo_scores_each_local_model_once_and_lists_the_skipped_with_reason
     local = family_entries(tmp_path / "zoo", models)
     write_entry(tmp_path / "zoo", "not-cached", loader="hf_clip", model="ccr-suite-tests/no-such-model")
     write_entry(tmp_path / "zoo", "unpinned", loader="hf_remote", model="ccr-suite-tests/remote")
-    write_entry(tmp_path / "zoo", "mclip", loader="mclip", model="M-CLIP/XLM-Roberta-Large-Vit-B-16Plus")
+    write_entry(tmp_path / "zoo", "mclip", loader="mclip", model="M-CLIP/XLM-Roberta-Large-Vit-B-16Plus",
+                image_model="ViT-B-16-plus-240", pretrained="laion400m_e32")
     runs = tmp_path / "runs"
     zoo.main(["device=cpu", *world_overrides(world, runs)])
     out = capsys.readouterr().out
     rows = leaderboard.aggregate(leaderboard.load_results(runs))
     assert sorted(r["method"] for r in rows) == sorted(f"zoo:{name}" for name in local)
-    assert "zoo: scored 4 of 7 models; skipped 3:" in out
+    assert "zoo: scored 5 of 8 models; skipped 3:" in out
     cache = ("not in the local cache and hub access is off (HF_HUB_OFFLINE)" if offline
              else "not in the local cache (make eval MODEL=zoo:not-cached downloads it)")
     assert f"  not-cached: {cache}" in out
     assert "  unpinned: remote code without a revision (pin one: revision=<40-hex commit>)" in out
-    assert "  mclip: zoo:mclip" in out and "loader 'mclip' has no implementation" in out
+    assert "  mclip: not in the local cache" in out
 
 
 def test_a_model_whose_embeddings_depend_on_the_batch_is_scored_and_marked(world, models, tmp_path):
@@ -207,3 +211,39 @@ def test_only_an_nllb_tokenizer_is_told_the_caption_language():
     assert _HfStyleTokenizer.languages == ["deu_Latn"]
     with pytest.raises(PretrainedModelError, match="needs each caption's language"):
         nllb.tokenize(["a caption"], None)
+
+
+def test_an_mclip_row_is_xlmr_mean_pooled_and_mapped_against_its_open_clip_image_tower(
+        world, models, tmp_path, monkeypatch):
+    """M-CLIP scored as its authors compute it: the mask-weighted mean of XLM-R's last states, then
+    the linear map; images through the open_clip tower and its transform."""
+    import torch
+    from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
+
+    from test_external import direct_report, hand_listed_test_set
+
+    monkeypatch.setenv("CCR_ZOO_DIR", str(tmp_path / "zoo"))
+    family_entries(tmp_path / "zoo", models)
+    row = score(["model=zoo:tiny-mclip"], world, tmp_path / "runs")
+    state = torch.load(models["mclip"] / "pytorch_model.bin", weights_only=True)
+    config = json.loads((models["mclip"] / "config.json").read_text())
+    xlmr = XLMRobertaModel(XLMRobertaConfig.from_pretrained(config["modelBase"])).eval()
+    xlmr.load_state_dict({k.removeprefix("transformer."): v for k, v in state.items()
+                          if k.startswith("transformer.")})
+    weight, bias = state["LinearTransformation.weight"], state["LinearTransformation.bias"]
+    tokenizer = AutoTokenizer.from_pretrained(models["mclip"])
+    image_model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{models['open_clip']}")
+    image_model.eval()
+
+    def encode_text(text, lang):
+        batch = tokenizer([text], truncation=True, max_length=32, return_tensors="pt")
+        states = xlmr(**batch).last_hidden_state
+        mask = batch["attention_mask"].unsqueeze(-1).float()
+        return ((states * mask).sum(1) / mask.sum(1)) @ weight.T + bias
+
+    records, paths, captions = hand_listed_test_set(world)
+    with torch.no_grad():
+        direct, _, _ = direct_report(records, paths, captions,
+                                     lambda im: image_model.encode_image(preprocess(im)[None]), encode_text)
+    assert_same_scores(row["metrics"], direct)
+    assert row["external"]["image_model"] == f"local-dir:{models['open_clip']}"

@@ -6,15 +6,17 @@ One loading path serves both zero-shot scoring (``experiments/external.py``) and
 exactly the model its external row scored: the same weights, the same preprocessing, the same
 tokenisation, the same projection.
 
-A :class:`DualSpec` names the model: ``library`` (open_clip | hf), ``model`` (an open_clip arch,
-``local-dir:``/``hf-hub:`` folder, or a Hugging Face name or folder), the open_clip ``pretrained``
-tag or weights file, the hub ``revision`` (a commit), ``remote_code`` (run the modelling code the
+A :class:`DualSpec` names the model: ``library`` (open_clip | hf | mclip), ``model`` (an open_clip
+arch, ``local-dir:``/``hf-hub:`` folder, or a Hugging Face name or folder; for mclip the M-CLIP text
+encoder), the open_clip ``pretrained`` tag or weights file (for mclip: of its open_clip
+``image_model``), the hub ``revision`` (a commit), ``remote_code`` (run the modelling code the
 model ships: only with a 40-hex ``revision``) and ``text_length`` (the caption length; default: the
 model's own).
 """
 
 from __future__ import annotations
 
+import json
 import re
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -24,7 +26,7 @@ import torch
 from PIL import Image
 from torch import Tensor, nn
 
-LIBRARIES = ("open_clip", "hf")
+LIBRARIES = ("open_clip", "hf", "mclip")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 # NLLB tokenizers (open_clip's nllb-clip-*) mark the source language with a FLORES-200 code.
 NLLB_CODES = {
@@ -52,6 +54,7 @@ class DualSpec:
     revision: str | None = None
     remote_code: bool = False
     text_length: int | None = None
+    image_model: str | None = None
 
     def __post_init__(self):
         if self.library not in LIBRARIES:
@@ -59,6 +62,9 @@ class DualSpec:
         if self.revision is not None and not COMMIT.fullmatch(self.revision):
             raise PretrainedModelError(f"{self.label}: revision {self.revision!r} is not a commit "
                                        "hash (40 lower-case hex digits)")
+        if (self.library == "mclip") != (self.image_model is not None):
+            raise PretrainedModelError(f"{self.label}: image_model names the open_clip image tower "
+                                       "of an M-CLIP text encoder, and only of one")
         if self.remote_code and self.library != "hf":
             raise PretrainedModelError(f"{self.label}: remote code is a Hugging Face option")
         if self.remote_code and self.revision is None:
@@ -73,7 +79,8 @@ class DualSpec:
         if unknown:
             raise PretrainedModelError(f"pretrained model settings: unknown keys {unknown}; "
                                        f"known: {sorted(known)}")
-        return cls(**{k: (str(v) if k in ("model", "pretrained", "revision") and v is not None
+        return cls(**{k: (str(v) if k in ("model", "pretrained", "revision", "image_model")
+                          and v is not None
                           else v) for k, v in values.items()})
 
     def to_dict(self) -> dict[str, Any]:
@@ -94,7 +101,7 @@ class PretrainedIO:
     text_length: int
 
     def preprocess(self, images: list[Image.Image]) -> Tensor:
-        if self.spec.library == "open_clip":
+        if self.spec.library in ("open_clip", "mclip"):  # open_clip's transform, one image at a time
             return torch.stack([self.transform(image) for image in images])
         return self.transform(images=images, return_tensors="pt")["pixel_values"]
 
@@ -124,7 +131,7 @@ class PretrainedIO:
     def uses_mask(self) -> bool:
         """Whether the model reads an attention mask (SigLIP's tokenizer gives none: it was
         trained attending to its padding, so none is passed)."""
-        return self.spec.library == "hf" and _reads_mask(self.tokenizer)
+        return self.spec.library != "open_clip" and _reads_mask(self.tokenizer)
 
     @property
     def pad_token_id(self) -> int:
@@ -161,15 +168,17 @@ def _open_clip_io(spec: DualSpec, transform, tokenizer) -> PretrainedIO:
     return PretrainedIO(spec, transform, tokenizer, length)
 
 
-def _hf_io(spec: DualSpec) -> PretrainedIO:
+def _hf_io(spec: DualSpec, processor=None, text_config=None) -> PretrainedIO:
     from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer
 
-    processor = AutoImageProcessor.from_pretrained(spec.model, **_hf_kwargs(spec))
+    if processor is None:
+        processor = AutoImageProcessor.from_pretrained(spec.model, **_hf_kwargs(spec))
     tokenizer = AutoTokenizer.from_pretrained(spec.model, **_hf_kwargs(spec))
     length = spec.text_length
     if length is None:
-        config = AutoConfig.from_pretrained(spec.model, **_hf_kwargs(spec))
-        text_config = getattr(config, "text_config", config)
+        if text_config is None:
+            config = AutoConfig.from_pretrained(spec.model, **_hf_kwargs(spec))
+            text_config = getattr(config, "text_config", config)
         limits = [tokenizer.model_max_length, getattr(text_config, "max_position_embeddings", None)]
         known = [n for n in limits if isinstance(n, int) and 0 < n < 100_000]
         if not known:
@@ -181,6 +190,8 @@ def _hf_io(spec: DualSpec) -> PretrainedIO:
 
 def load_io(spec: DualSpec) -> PretrainedIO:
     """The model's preprocessing and tokenizer (open_clip builds them with the model)."""
+    if spec.library == "mclip":
+        return load_dual(spec)[1]
     if spec.library == "open_clip":
         _, transform, tokenizer = _open_clip_model(spec)
         return _open_clip_io(spec, transform, tokenizer)
@@ -192,7 +203,73 @@ def load_dual(spec: DualSpec) -> tuple[nn.Module, PretrainedIO]:
     if spec.library == "open_clip":
         model, transform, tokenizer = _open_clip_model(spec)
         return model.eval(), _open_clip_io(spec, transform, tokenizer)
+    if spec.library == "mclip":
+        model, transform = _mclip_model(spec)
+        return model.eval(), _hf_io(spec, transform, model.text_transformer.config)
     return load_model(spec), _hf_io(spec)
+
+
+class MClipDual(nn.Module):
+    """M-CLIP (Carlsson et al. 2022): a multilingual text encoder (XLM-R, mean-pooled over the
+    attention mask, then a linear map) trained into the text space of an open_clip image tower.
+    It answers ``get_image_features`` / ``get_text_features`` as a Hugging Face CLIP does."""
+
+    def __init__(self, visual: nn.Module, text_transformer: nn.Module, text_projection: nn.Linear):
+        super().__init__()
+        self.visual, self.text_transformer, self.text_projection = visual, text_transformer, text_projection
+
+    def get_image_features(self, pixel_values: Tensor) -> Tensor:
+        return self.visual(pixel_values)
+
+    def get_text_features(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        states = self.text_transformer(input_ids=input_ids, attention_mask=attention_mask)[0]
+        mask = attention_mask.unsqueeze(-1).to(states.dtype)
+        return self.text_projection((states * mask).sum(1) / mask.sum(1))
+
+
+MCLIP_KEYS = {"transformer.": "text_transformer.", "LinearTransformation.": "text_projection."}
+
+
+def _mclip_model(spec: DualSpec) -> tuple[MClipDual, Any]:
+    """The M-CLIP text encoder (its config names the XLM-R ``modelBase`` and the widths; its
+    weights hold ``transformer.*`` and ``LinearTransformation.*``) with its open_clip image tower."""
+    import open_clip
+    from transformers import AutoConfig, AutoModel
+    from transformers.utils import cached_file
+
+    config_path = cached_file(spec.model, "config.json", revision=spec.revision)
+    mclip = json.loads(Path(config_path).read_text())
+    try:
+        base, width, dims = mclip["modelBase"], mclip["transformerDimensions"], mclip["numDims"]
+    except KeyError as err:
+        raise PretrainedModelError(f"{spec.label}: {config_path} lacks the M-CLIP field {err}") from None
+    text = AutoModel.from_config(AutoConfig.from_pretrained(base))
+    projection = nn.Linear(int(width), int(dims))
+    weights = None
+    for name in ("model.safetensors", "pytorch_model.bin"):
+        weights = cached_file(spec.model, name, revision=spec.revision,
+                              _raise_exceptions_for_missing_entries=False)
+        if weights:
+            break
+    if not weights:
+        raise PretrainedModelError(f"{spec.label}: no model.safetensors or pytorch_model.bin")
+    from methods.layers.encoders import load_state_dict_file
+
+    state = {}
+    for key, value in load_state_dict_file(weights).items():
+        prefix = next((p for p in MCLIP_KEYS if key.startswith(p)), None)
+        if prefix is not None:
+            state[MCLIP_KEYS[prefix] + key.removeprefix(prefix)] = value
+    image, _, transform = open_clip.create_model_and_transforms(spec.image_model, pretrained=spec.pretrained)
+    model = MClipDual(image.visual, text, projection)
+    own = {k: v for k, v in model.state_dict().items() if not k.startswith("visual.")}
+    missing = sorted(set(own) - set(state))
+    extra = sorted(set(state) - set(own))
+    if missing or extra:
+        raise PretrainedModelError(f"{spec.label}: {weights} does not match its M-CLIP config "
+                                   f"(missing {missing[:3]}, unexpected {extra[:3]})")
+    model.load_state_dict(state, strict=False)
+    return model, transform
 
 
 def load_model(spec: DualSpec) -> nn.Module:
