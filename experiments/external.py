@@ -22,6 +22,7 @@ reads). Every other ``key=value`` is a run-config override (``data.root=...``,
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -93,7 +94,7 @@ class ModelSpec:
             raise ConfigError(f"model={model!r}: revision= pins a Hugging Face model; open_clip "
                               "resolves its tags itself")
         spec = cls(library, name, pretrained, revision, remote_code)
-        spec.dual  # the remote-code rule: a one-line error before anything loads
+        spec.to_dual()  # the remote-code rule: a one-line error before anything loads
         return spec
 
     @classmethod
@@ -102,8 +103,8 @@ class ModelSpec:
         return cls(dual.library, dual.model, dual.pretrained, dual.revision, dual.remote_code,
                    dual.text_length, zoo=entry.name, image_model=dual.image_model)
 
-    @property
-    def dual(self) -> DualSpec:
+    def to_dual(self) -> DualSpec:
+        """The loading settings (a one-line error for remote code without a revision)."""
         try:
             return DualSpec(self.library, self.name, self.pretrained, self.revision,
                             self.remote_code, self.text_length, self.image_model)
@@ -139,7 +140,7 @@ class PretrainedEncoder:
     a fine-tuning run starts from (``methods.layers.pretrained_dual``)."""
 
     def __init__(self, spec: ModelSpec, device: torch.device):
-        model, self.io = pretrained_dual.load_dual(spec.dual)
+        model, self.io = pretrained_dual.load_dual(spec.to_dual())
         self.model = model.to(device)
         self.revision = pretrained_dual.resolved_revision(model) or spec.revision
         self.image = pretrained_dual.ImageTower(self.model, spec.library)
@@ -234,7 +235,7 @@ def batch_invariance(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: 
     worst = torch.stack(diffs).max().item() if diffs else 0.0
     invariant = bool(worst <= INVARIANCE_ATOL)  # NaN (a batch of one under batch statistics) fails
     return {"batch_sizes": [batch_size, INVARIANCE_BATCH], "images": len(images),
-            "captions": len(captions), "max_abs_diff": worst if worst == worst else None,
+            "captions": len(captions), "max_abs_diff": None if math.isnan(worst) else worst,
             "tolerance": INVARIANCE_ATOL, "invariant": invariant}
 
 

@@ -8,14 +8,19 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from external_models import (
+    save_tiny_hf_clip,
+    save_tiny_mclip,
+    save_tiny_metaclip2,
+    save_tiny_open_clip,
+    save_tiny_remote_code,
+)
+from test_external import world_overrides
+from test_zoo import CORPUS, family_entries
 
 from experiments import external, train
 from experiments.config import ConfigError, compose
 from experiments.trainer import build_trainer
-from external_models import (save_tiny_hf_clip, save_tiny_mclip, save_tiny_metaclip2,
-                             save_tiny_open_clip, save_tiny_remote_code)
-from test_external import TINY_WORLD, world_overrides
-from test_zoo import CORPUS, family_entries
 
 FAMILIES = ["tiny-open-clip", "tiny-hf-clip", "tiny-metaclip2", "tiny-remote", "tiny-mclip"]
 

@@ -6,12 +6,17 @@ from pathlib import Path
 
 import open_clip
 import pytest
+from external_models import (
+    save_tiny_hf_clip,
+    save_tiny_mclip,
+    save_tiny_metaclip2,
+    save_tiny_open_clip,
+    save_tiny_remote_code,
+)
+from test_external import assert_same_scores, run_cli, world_overrides
 
 from experiments import external, leaderboard, zoo
 from experiments.config import ConfigError
-from external_models import (save_tiny_hf_clip, save_tiny_mclip, save_tiny_metaclip2,
-                             save_tiny_open_clip, save_tiny_remote_code)
-from test_external import assert_same_scores, run_cli, world_overrides
 
 CORPUS = ["a red square on the left", "ein grüner Kreis unten", "左に赤い四角"] * 4
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -180,16 +185,18 @@ def test_a_model_whose_embeddings_depend_on_the_batch_is_scored_and_marked(world
     assert clean["external"]["batch_invariance"]["invariant"] is True
 
 
+LANGUAGES_SET = []
+
+
 class _HfStyleTokenizer:
     """open_clip's HFTokenizer as XLM-R models get it: ``set_language`` exists, but only an NLLB
     tokenizer has a language function (``set_lang_fn``)."""
 
     context_length = 4
-    languages = []
 
     def __init__(self, nllb):
         if nllb:
-            self.set_lang_fn = self.languages.append
+            self.set_lang_fn = LANGUAGES_SET.append
 
     def set_language(self, code):
         self.set_lang_fn(code)
@@ -208,7 +215,7 @@ def test_only_an_nllb_tokenizer_is_told_the_caption_language():
     assert xlmr.tokenize(["a caption"], None)["input_ids"].shape == (1, 4)  # no language needed
     nllb = PretrainedIO(spec, None, _HfStyleTokenizer(nllb=True), 4)
     nllb.tokenize(["ein Bild"], "de")
-    assert _HfStyleTokenizer.languages == ["deu_Latn"]
+    assert LANGUAGES_SET == ["deu_Latn"]
     with pytest.raises(PretrainedModelError, match="needs each caption's language"):
         nllb.tokenize(["a caption"], None)
 
@@ -218,9 +225,8 @@ def test_an_mclip_row_is_xlmr_mean_pooled_and_mapped_against_its_open_clip_image
     """M-CLIP scored as its authors compute it: the mask-weighted mean of XLM-R's last states, then
     the linear map; images through the open_clip tower and its transform."""
     import torch
-    from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
-
     from test_external import direct_report, hand_listed_test_set
+    from transformers import AutoTokenizer, XLMRobertaConfig, XLMRobertaModel
 
     monkeypatch.setenv("CCR_ZOO_DIR", str(tmp_path / "zoo"))
     family_entries(tmp_path / "zoo", models)
