@@ -126,3 +126,16 @@ def test_the_new_keys_at_their_defaults_leave_a_runs_fingerprint_unchanged():
     assert config_fingerprint(config) == config_fingerprint(earlier)
     lit = OmegaConf.to_container(compose(["method=clip", "method.lit=true"]), resolve=True)
     assert config_fingerprint(lit) != config_fingerprint(config)
+
+
+def test_lit_keeps_the_locked_image_tower_in_eval_mode_while_the_text_side_trains(world, tmp_path):
+    cfg = compose(["method=clip", "method.lit=true", "method.image_encoder.name=tiny",
+                   "method.text_encoder.name=tiny",
+                   *world_overrides(world, tmp_path / "runs")])
+    data = train.build_datamodule(cfg)
+    (stage,) = train.stages_of(cfg, data)
+    module = stage.build(None).train()
+    assert not module.image_encoder.training and not module.image_proj.training
+    assert module.text_encoder.training and module.text_proj.training
+    assert not any(p.requires_grad for p in module.image_tower_parameters())
+    assert all(p.requires_grad for p in module.text_encoder.parameters())
