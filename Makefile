@@ -1,4 +1,5 @@
-# Every target builds the environment it needs first (.venv, pinned torch, the suite itself).
+# Every target builds the environment it needs first (.venv, the suite itself, every package at the
+# exact version of requirements/constraints.txt).
 PYTHON ?= python3
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
@@ -11,17 +12,18 @@ ARGS   ?=
 RUNS   ?= runs
 OUT    ?=
 EXTRAS ?= dev,demo
+CONSTRAINTS = requirements/constraints.txt
 LEADERBOARD = $(PY) -m experiments.leaderboard --runs $(RUNS) $(if $(OUT),--out $(OUT))
 
-.PHONY: setup train eval report leaderboard compare demo test test-all lint format typecheck bench bench-gpu clean
+.PHONY: setup train eval eval-zoo report leaderboard compare demo test test-all lint format typecheck bench bench-gpu clean
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet torch==2.14.1 torchvision==0.29.1
-	$(PY) -m pip install --quiet -e ".[$(EXTRAS)]"
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) torch torchvision
+	$(PY) -m pip install --quiet -c $(CONSTRAINTS) -e ".[$(EXTRAS)]"
 	touch $(STAMP)
 
 .PHONY: pretrain
@@ -31,11 +33,17 @@ pretrain: $(STAMP)  # the default world and its pretrained backbones (cached; a 
 train: $(STAMP)
 	$(PY) -m experiments.train method=$(METHOD) data=$(DATA) trainer=$(TRAINER) $(ARGS)
 
-# CKPT=<checkpoint>: re-evaluate a trained run. MODEL=open_clip:<arch> PRETRAINED=<tag> or
-# MODEL=hf:<name or path>: score a pretrained model zero-shot on DATA (an external leaderboard row).
+# CKPT=<checkpoint>: re-evaluate a trained run. MODEL=zoo:<name>, MODEL=open_clip:<arch>
+# PRETRAINED=<tag> or MODEL=hf:<name or path>: score a pretrained model zero-shot on DATA (an external
+# leaderboard row); REVISION=<commit> pins a hub model (ARGS="remote_code=true" runs its own code).
 eval: $(STAMP)
-	@test -n "$(CKPT)$(MODEL)" || { echo "usage: make eval CKPT=runs/.../checkpoints/last.ckpt | MODEL=open_clip:<arch> PRETRAINED=<tag> | MODEL=hf:<name> [DATA=...] [ARGS=...]"; exit 2; }
-	$(if $(MODEL),$(PY) -m experiments.external model=$(MODEL) $(if $(PRETRAINED),pretrained=$(PRETRAINED)) data=$(DATA) $(ARGS),$(PY) -m experiments.evaluate ckpt=$(CKPT) $(ARGS))
+	@test -n "$(CKPT)$(MODEL)" || { echo "usage: make eval CKPT=runs/.../checkpoints/last.ckpt | MODEL=zoo:<name> | MODEL=open_clip:<arch> PRETRAINED=<tag> | MODEL=hf:<name> [REVISION=<commit>] [DATA=...] [ARGS=...]"; exit 2; }
+	$(if $(MODEL),$(PY) -m experiments.external model=$(MODEL) $(if $(PRETRAINED),pretrained=$(PRETRAINED)) $(if $(REVISION),revision=$(REVISION)) data=$(DATA) $(ARGS),$(PY) -m experiments.evaluate ckpt=$(CKPT) $(ARGS))
+
+# Scores every model of experiments/configs/zoo/ whose weights are already in the local cache on DATA
+# (one row each) and lists the others with the reason they were skipped; it fetches no weights.
+eval-zoo: $(STAMP)
+	$(PY) -m experiments.zoo data=$(DATA) $(ARGS)
 
 # RUN=<run folder>[,<run folder>]: the consistency report (HTML + per-instance ranks CSV).
 report: $(STAMP)

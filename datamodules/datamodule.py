@@ -33,6 +33,7 @@ from .datasets import (
     collate_images,
 )
 from .image_cache import CachedImages, cached_images
+from . import pretrained_io
 from .parallel_batches import parallel_batches
 from .readers import captions_parallel, read_dataset
 from .readers.parallel_text import ParallelText, read_parallel_text
@@ -207,6 +208,7 @@ class CCRDataModule(L.LightningDataModule):
         self._token_counts: dict[str, int] = {}  # sentence -> tokens, for token-counted batches
         self._roi_store: RoiStore | None = None
         self._roi_keys: dict[str, dict[str, str]] = {}  # role -> record id -> ROI store key
+        self._pretrained_io: pretrained_io.PretrainedIO | None = None
 
     # ---- where the data is --------------------------------------------------------------------
     @property
@@ -338,7 +340,7 @@ class CCRDataModule(L.LightningDataModule):
             cls_token_id=tokenizer.cls_token_id,
             eos_token_id=tokenizer.eos_token_id,
             mask_token_id=tokenizer.mask_token_id,
-            max_length=int(self.cfg.max_length),
+            max_length=getattr(tokenizer, "text_length", None) or int(self.cfg.max_length),
             image_size=int(self.cfg.image_size),
             num_objects=len(labels),
             object_categories=self._label_categories(train, labels),
@@ -410,7 +412,17 @@ class CCRDataModule(L.LightningDataModule):
                                     int(self.cfg.max_length), recipe)
         return backbones.seq2seq_spec(target)
 
+    @property
+    def pretrained(self) -> pretrained_io.PretrainedIO | None:
+        """The pretrained model's own preprocessing and tokenizer (``data.pretrained_io``), or None."""
+        spec = self.cfg.get("pretrained_io")
+        if spec is not None and self._pretrained_io is None:
+            self._pretrained_io = pretrained_io.load(OmegaConf.to_container(spec, resolve=True))
+        return self._pretrained_io
+
     def _build_tokenizer(self) -> Tokenizer:
+        if self._tokenizer is None and self.pretrained is not None:
+            self._tokenizer = pretrained_io.PretrainedTokenizer(self.pretrained)
         if self._tokenizer is None:
             corpus = None
             if self.cfg.tokenizer.name == OFFLINE:
@@ -439,17 +451,27 @@ class CCRDataModule(L.LightningDataModule):
 
     # ---- loaders ------------------------------------------------------------------------------
     def image_transform(self) -> ImageTransform:
-        """Pixels of one image as every loader of this data reads them (size, mean, std)."""
+        """Pixels of one image as the suite reads them (size, mean, std)."""
         return ImageTransform(int(self.cfg.image_size), self.cfg.image_mean, self.cfg.image_std)
 
+    def loader_transform(self):
+        """Pixels of one image as the loaders read them: the suite's transform, or the pretrained
+        model's own preprocessing when ``data.pretrained_io`` is set."""
+        if self.pretrained is not None:
+            return pretrained_io.PretrainedImageTransform(self.pretrained)
+        return self.image_transform()
+
     def images(self, paths: list[Path]) -> ImageTransform | CachedImages:
-        """How the loaders read these image files: decoded and resized per item, or with
+        """How the loaders read these image files: decoded and transformed per item, or with
         ``data.image_cache`` from their pre-sized cache in ``<data.cache_dir>/image-cache``
-        (built on first use; the same pixels)."""
-        transform = self.image_transform()
+        (built on first use; the same pixels). The cache stores the suite's own transform, so a
+        pretrained model's preprocessing (``data.pretrained_io``) is never cached."""
         if not self.cfg.get("image_cache"):
-            return transform
-        return cached_images(paths, transform, Path(self.cfg.cache_dir) / "image-cache",
+            return self.loader_transform()
+        if self.pretrained is not None:
+            raise ValueError("data.image_cache=true: the cache holds the suite's own image transform, "
+                             "not a pretrained model's preprocessing (data.pretrained_io); set it false")
+        return cached_images(paths, self.image_transform(), Path(self.cfg.cache_dir) / "image-cache",
                              self.loader["num_workers"])
 
     def _check_languages(self, languages: list[str]) -> None:

@@ -89,7 +89,9 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
                 cfg = _merge(cfg, {section: preset.pop(section)}, f"{group}/{name}.yaml")
         cfg = _merge(cfg, {group: preset}, f"{group}/{name}.yaml")
     cfg.preset = selectors
-    return apply_overrides(cfg, rest)
+    from experiments.zoo import expand_encoders  # the zoo reads configs/zoo (imports this module)
+
+    return apply_overrides(cfg, expand_encoders(cfg, rest))
 
 
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
@@ -102,7 +104,21 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     check_run_protocol(merged)
+    label_lit(merged)
     return merged
+
+
+def label_lit(cfg: DictConfig) -> None:
+    """A method run LiT-style (``method.lit``: its image tower frozen) is labelled so: the variant
+    is ``lit`` unless one naming it is given; any other label would hide what ran."""
+    method = cfg.get("method")
+    if not (isinstance(method, DictConfig) and method.get("lit")):
+        return
+    if cfg.variant is None:
+        cfg.variant = "lit"
+    elif "lit" not in str(cfg.variant).split("+"):
+        raise ConfigError(f"method.lit=true runs {cfg.method.name} with a frozen image tower; "
+                          f"variant={cfg.variant} would hide it (use variant=lit or lit+<label>)")
 
 
 def check_run_protocol(cfg: DictConfig) -> None:

@@ -4,20 +4,25 @@
         pretrained=frozen_laion5b_s13b_b90k data=xflickrco
     python -m experiments.external model=hf:BAAI/AltCLIP-m18 data=xflickrco
 
-``model`` is ``open_clip:<arch>`` (with ``pretrained=<tag or weights file>``),
+``model`` is ``zoo:<name>`` (an entry of experiments/configs/zoo/, see experiments/zoo.py),
+``open_clip:<arch>`` (with ``pretrained=<tag or weights file>``),
 ``open_clip:local-dir:<folder>`` / ``open_clip:hf-hub:<repo>`` (weights come with the config), or
 ``hf:<name or folder>`` for a Hugging Face model with ``get_image_features`` /
-``get_text_features`` (CLIP, SigLIP, AltCLIP, Chinese-CLIP). Images go through the model's own
+``get_text_features`` (CLIP, SigLIP, AltCLIP, Chinese-CLIP, MetaCLIP 2); ``revision=<commit>``
+pins a hub model, and ``remote_code=true`` (only with a revision) runs modelling code the model
+ships (jina-clip-v2). Images go through the model's own
 preprocessing and captions through its own tokenizer; the embeddings are scored by
 ``metrics.RetrievalEvaluation`` exactly as a trained method's are. The run folder
 ``<run_dir>/<data>/<model slug>/<run_id>/`` gets ``metrics.json`` (a leaderboard row marked
-external, recording library, model and tag) and ``embeddings.pt`` (what ``experiments.report``
+external, recording library, model, tag, revision, whether remote code ran and the batch-size
+check of :func:`batch_invariance`) and ``embeddings.pt`` (what ``experiments.report``
 reads). Every other ``key=value`` is a run-config override (``data.root=...``,
 ``data.eval_batch_size=...``, ``evaluation.chunk_size=...``).
 """
 
 from __future__ import annotations
 
+import math
 import re
 import time
 from dataclasses import dataclass
@@ -34,36 +39,50 @@ from torch.utils.data import DataLoader
 import metrics
 from datamodules.datamodule import CCRDataModule
 from datamodules.synthetic import Scene, relevance_matrix
-from experiments import cli
+from experiments import cli, zoo
 from experiments.config import ConfigError, compose
 from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
 from experiments.runs import claim_run_dir, run_record, strict_json, write_atomic
+from methods.layers import pretrained_dual
+from methods.layers.pretrained_dual import DualSpec, PretrainedModelError
 
-LIBRARIES = ("open_clip", "hf")
 PROTOCOL = "zero-shot"
 SCORER = "itc"
-# NLLB tokenizers (open_clip's nllb-clip-*) mark the source language with a FLORES-200 code.
-NLLB_CODES = {
-    "en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn", "cs": "ces_Latn", "es": "spa_Latn",
-    "id": "ind_Latn", "ja": "jpn_Jpan", "ru": "rus_Cyrl", "tr": "tur_Latn", "zh": "zho_Hans",
-    "ko": "kor_Hang", "it": "ita_Latn", "pl": "pol_Latn", "vi": "vie_Latn", "th": "tha_Thai",
-}
+# The batch-size check: this many images and captions are encoded again one at a time, and their
+# embeddings must equal the full-batch ones to this absolute tolerance (unit vectors, float32).
+INVARIANCE_SUBSET = 16
+INVARIANCE_BATCH = 1
+INVARIANCE_ATOL = 1e-4
 
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """Which pretrained model: ``library`` (open_clip | hf), its ``name`` and weights ``pretrained``."""
+    """Which pretrained model: ``library`` (open_clip | hf), its ``name``, the open_clip weights
+    ``pretrained``, the hub ``revision``, whether its own modelling code runs (``remote_code``),
+    and the ``zoo`` entry it came from, if any."""
 
     library: str
     name: str
     pretrained: str | None
+    revision: str | None = None
+    remote_code: bool = False
+    text_length: int | None = None
+    zoo: str | None = None
+    image_model: str | None = None
 
     @classmethod
-    def parse(cls, model: str, pretrained: str | None) -> "ModelSpec":
+    def parse(cls, model: str, pretrained: str | None, revision: str | None = None,
+              remote_code: bool = False) -> "ModelSpec":
+        pretrained, revision = pretrained or None, revision or None
+        if model.startswith(zoo.PREFIX):
+            if pretrained is not None or remote_code:
+                raise ConfigError(f"model={model!r}: a zoo entry sets its own weights and loader; "
+                                  "leave pretrained= and remote_code= out")
+            return cls.from_zoo(zoo.entry(model.removeprefix(zoo.PREFIX)), revision)
         library, sep, name = model.partition(":")
-        if not sep or library not in LIBRARIES or not name:
-            raise ConfigError(f"model={model!r}: expected open_clip:<arch> or hf:<name or path>")
-        pretrained = pretrained or None
+        if not sep or library not in ("open_clip", "hf") or not name:
+            raise ConfigError(f"model={model!r}: expected open_clip:<arch>, hf:<name or path> or "
+                              "zoo:<name>")
         schema = name.startswith(("local-dir:", "hf-hub:"))
         if library == "open_clip" and not schema and pretrained is None:
             raise ConfigError(f"model={model!r} needs pretrained=<tag or weights file>; without it "
@@ -71,16 +90,37 @@ class ModelSpec:
         if (library == "hf" or schema) and pretrained is not None:
             raise ConfigError(f"model={model!r} brings its own weights; pretrained={pretrained!r} "
                               "would be ignored: leave it out")
-        return cls(library, name, pretrained)
+        if library == "open_clip" and revision is not None:
+            raise ConfigError(f"model={model!r}: revision= pins a Hugging Face model; open_clip "
+                              "resolves its tags itself")
+        spec = cls(library, name, pretrained, revision, remote_code)
+        spec.to_dual()  # the remote-code rule: a one-line error before anything loads
+        return spec
+
+    @classmethod
+    def from_zoo(cls, entry: "zoo.ZooEntry", revision: str | None = None) -> "ModelSpec":
+        dual = entry.spec(revision)
+        return cls(dual.library, dual.model, dual.pretrained, dual.revision, dual.remote_code,
+                   dual.text_length, zoo=entry.name, image_model=dual.image_model)
+
+    def to_dual(self) -> DualSpec:
+        """The loading settings (a one-line error for remote code without a revision)."""
+        try:
+            return DualSpec(self.library, self.name, self.pretrained, self.revision,
+                            self.remote_code, self.text_length, self.image_model)
+        except PretrainedModelError as err:
+            raise ConfigError(str(err)) from None
 
     @property
     def label(self) -> str:
         """The leaderboard's method name."""
-        return f"{self.library}:{self.name}"
+        return f"{zoo.PREFIX}{self.zoo}" if self.zoo else f"{self.library}:{self.name}"
 
     @property
     def slug(self) -> str:
         """A folder name for the model and its weights."""
+        if self.zoo:
+            return re.sub(r"[^A-Za-z0-9._-]+", "-", f"zoo-{self.zoo}").strip("-")
         parts = [self.library, Path(self.name.split(":")[-1]).name or self.name, self.pretrained or ""]
         text = "-".join(Path(p).name if p.endswith((".pt", ".bin", ".safetensors")) else p
                         for p in parts if p)
@@ -95,83 +135,37 @@ class DualEncoder(Protocol):
     def encode_texts(self, texts: list[str], language: str) -> Tensor: ...
 
 
-class OpenClipEncoder:
-    """An open_clip model with its evaluation transform and tokenizer."""
+class PretrainedEncoder:
+    """A pretrained dual encoder with its own preprocessing and tokenizer, through the same towers
+    a fine-tuning run starts from (``methods.layers.pretrained_dual``)."""
 
     def __init__(self, spec: ModelSpec, device: torch.device):
-        import open_clip
-
-        if spec.name.startswith("local-dir:"):
-            folder = Path(spec.name.removeprefix("local-dir:"))
-            if not any(any(folder.glob(p)) for p in ("*.safetensors", "*.bin", "*.pth")):
-                raise ConfigError(f"{folder} holds no open_clip weights (*.safetensors, *.bin, "
-                                  "*.pth); open_clip would build random weights")
-        self.model, _, self.transform = open_clip.create_model_and_transforms(
-            spec.name, pretrained=spec.pretrained, device=device)
-        self.model.eval()
-        self.tokenizer = open_clip.get_tokenizer(spec.name)
+        model, self.io = pretrained_dual.load_dual(spec.to_dual())
+        self.model = model.to(device)
+        self.revision = pretrained_dual.resolved_revision(model) or spec.revision
+        self.image = pretrained_dual.ImageTower(self.model, spec.library)
+        self.text = pretrained_dual.TextTower(self.model, spec.library, self.io.uses_mask)
         self.device = device
 
     def preprocess(self, images: list[Image.Image]) -> Tensor:
-        return torch.stack([self.transform(image) for image in images])
+        return self.io.preprocess(images)
 
     def encode_images(self, pixels: Tensor) -> Tensor:
-        return F.normalize(self.model.encode_image(pixels.to(self.device)).float(), dim=-1)
+        return F.normalize(self.image(pixels.to(self.device)).float(), dim=-1)
 
     def encode_texts(self, texts: list[str], language: str) -> Tensor:
-        if hasattr(self.tokenizer, "set_lang_fn"):  # NLLB: the language is part of the input
-            if language not in NLLB_CODES:
-                raise ConfigError(f"no NLLB language code known for '{language}' "
-                                  f"(known: {', '.join(sorted(NLLB_CODES))})")
-            self.tokenizer.set_language(NLLB_CODES[language])
-        tokens = self.tokenizer(texts).to(self.device)
-        return F.normalize(self.model.encode_text(tokens).float(), dim=-1)
+        tokens = self.io.tokenize(texts, language)
+        return F.normalize(self.text(tokens["input_ids"].to(self.device),
+                                     tokens["attention_mask"].to(self.device)).float(), dim=-1)
 
 
-class HfEncoder:
-    """A Hugging Face model with ``get_image_features`` / ``get_text_features``, its image
-    processor and tokenizer."""
-
-    def __init__(self, spec: ModelSpec, device: torch.device):
-        from transformers import AutoImageProcessor, AutoModel, AutoTokenizer
-
-        self.model = AutoModel.from_pretrained(spec.name).to(device).eval()
-        if not all(hasattr(self.model, f) for f in ("get_image_features", "get_text_features")):
-            raise ConfigError(f"hf:{spec.name} ({type(self.model).__name__}) is not a CLIP-style "
-                              "dual encoder (no get_image_features / get_text_features)")
-        self.processor = AutoImageProcessor.from_pretrained(spec.name)
-        self.tokenizer = AutoTokenizer.from_pretrained(spec.name)
-        # Every caption is padded to the full length: its embedding then does not depend on the
-        # batch it lands in (equal captions get equal embeddings, so their ties stay ties), and
-        # SigLIP was trained that way.
-        text_config = getattr(self.model.config, "text_config", self.model.config)
-        limits = [self.tokenizer.model_max_length, getattr(text_config, "max_position_embeddings", None)]
-        self.max_length = min(n for n in limits if isinstance(n, int) and 0 < n < 100_000)
-        self.device = device
-
-    def preprocess(self, images: list[Image.Image]) -> Tensor:
-        return self.processor(images=images, return_tensors="pt")["pixel_values"]
-
-    def encode_images(self, pixels: Tensor) -> Tensor:
-        return F.normalize(_features(self.model.get_image_features(pixel_values=pixels.to(self.device))), dim=-1)
-
-    def encode_texts(self, texts: list[str], language: str) -> Tensor:
-        batch = self.tokenizer(texts, padding="max_length", truncation=True, max_length=self.max_length,
-                               return_tensors="pt")
-        inputs = {k: batch[k].to(self.device) for k in ("input_ids", "attention_mask") if k in batch}
-        return F.normalize(_features(self.model.get_text_features(**inputs)), dim=-1)
-
-
-def _features(output) -> Tensor:
-    """Projected features: a tensor, or (transformers >= 5) the output's ``pooler_output``."""
-    return (output if isinstance(output, Tensor) else output.pooler_output).float()
-
-
-def load_encoder(spec: ModelSpec, device: torch.device) -> DualEncoder:
+def load_encoder(spec: ModelSpec, device: torch.device) -> PretrainedEncoder:
     """The model with its own preprocessing; a missing model or weights file is a one-line error."""
     try:
-        return (OpenClipEncoder if spec.library == "open_clip" else HfEncoder)(spec, device)
-    except (OSError, RuntimeError, KeyError) as err:
+        return PretrainedEncoder(spec, device)
+    except PretrainedModelError as err:
+        raise ConfigError(str(err)) from None
+    except (OSError, RuntimeError, KeyError, ValueError) as err:
         reason = " ".join(str(err).split())[:300]
         raise ConfigError(f"cannot load {spec.label}"
                           + (f" pretrained={spec.pretrained}" if spec.pretrained else "")
@@ -219,6 +213,32 @@ def encode(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: int, num_w
     evaluated.text_emb = text_emb
 
 
+@torch.no_grad()
+def batch_invariance(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: int) -> dict:
+    """Encode the first images and captions again ``INVARIANCE_BATCH`` at a time and compare them
+    with their full-batch embeddings: a model whose embedding of an item depends on the batch it
+    lands in (batch statistics, padding to the longest caption) fails, and its row says so."""
+    images = list(range(min(INVARIANCE_SUBSET, len(evaluated.image_paths))))
+    language = evaluated.languages[0] if evaluated.languages else None
+    captions = [i for i, lang in enumerate(evaluated.caption_language) if lang == language]
+    captions = captions[:INVARIANCE_SUBSET]
+    opened = _OpenedImages(encoder)
+    diffs = []
+    for start in range(0, len(images), INVARIANCE_BATCH):
+        chunk = images[start:start + INVARIANCE_BATCH]
+        pixels = opened([(i, evaluated.image_paths[i]) for i in chunk])["pixels"]
+        diffs.append((encoder.encode_images(pixels).cpu() - evaluated.image_emb[chunk]).abs().max())
+    for start in range(0, len(captions), INVARIANCE_BATCH):
+        chunk = captions[start:start + INVARIANCE_BATCH]
+        emb = encoder.encode_texts([evaluated.captions[i] for i in chunk], language).cpu()
+        diffs.append((emb - evaluated.text_emb[chunk]).abs().max())
+    worst = torch.stack(diffs).max().item() if diffs else 0.0
+    invariant = bool(worst <= INVARIANCE_ATOL)  # NaN (a batch of one under batch statistics) fails
+    return {"batch_sizes": [batch_size, INVARIANCE_BATCH], "images": len(images),
+            "captions": len(captions), "max_abs_diff": None if math.isnan(worst) else worst,
+            "tolerance": INVARIANCE_ATOL, "invariant": invariant}
+
+
 def read_test_set(cfg: DictConfig) -> tuple[EvaluatedSet, Tensor | None]:
     """The test split's records (read and validated as for training) and, for the synthetic world,
     its graded image relevance."""
@@ -237,7 +257,9 @@ def external_config(spec: ModelSpec, overrides: Sequence[str]) -> DictConfig:
     """The run configuration: the data preset and overrides, the model in the ``method`` section."""
     cfg = compose([*overrides, "method=clip"])  # the method preset is replaced below
     cfg.method = {"name": "external", "library": spec.library, "model": spec.name,
-                  "pretrained": spec.pretrained}
+                  "pretrained": spec.pretrained, "revision": spec.revision,
+                  "remote_code": spec.remote_code, "text_length": spec.text_length, "zoo": spec.zoo,
+                  "image_model": spec.image_model}
     cfg.protocol = PROTOCOL
     cfg.preset.method = spec.slug  # the run folder: <run_dir>/<data>/<slug>/<run_id>
     return cfg
@@ -252,30 +274,42 @@ def score_external(spec: ModelSpec, overrides: Sequence[str] = (), device: str =
         evaluated, relevance = read_test_set(cfg)
         encoder = load_encoder(spec, target)
         evaluation = metrics.RetrievalEvaluation.from_config(cfg.evaluation, rerank_k=0)
-        encode(encoder, evaluated, int(cfg.data.eval_batch_size), int(cfg.data.num_workers), evaluation)
+        batch_size = int(cfg.data.eval_batch_size)
+        encode(encoder, evaluated, batch_size, int(cfg.data.num_workers), evaluation)
         report = evaluation.compute(
             caption_image=evaluated.caption_image, caption_language=evaluated.caption_language,
             image_ids=evaluated.image_ids, image_relevance=relevance,
             mrv_languages=evaluated.mrv_languages)
+        invariance = batch_invariance(encoder, evaluated, batch_size)
         evaluated.save(run_dir / EMBEDDINGS)
         write_atomic(run_dir / "metrics.json", strict_json(external_record(
-            cfg, spec, report, run_id=run_dir.name, device=str(target),
+            cfg, spec, report, revision=encoder.revision, batch_invariance=invariance,
+            run_id=run_dir.name, device=str(target),
             wall_time_s=round(time.perf_counter() - started, 1))))
     print(f"metrics: {run_dir / 'metrics.json'}  mR={report['mR']:.2f}")
+    if not invariance["invariant"]:
+        print(f"warning: {spec.label} embeds an item differently in a batch of {batch_size} and "
+              f"alone (max difference {invariance['max_abs_diff']}); its row is marked batch-dependent")
     return run_dir
 
 
-def external_record(cfg: DictConfig, spec: ModelSpec, report: dict[str, float], **facts) -> dict:
-    """``metrics.json`` of an external model: the fields every run records, plus ``external``."""
+def external_record(cfg: DictConfig, spec: ModelSpec, report: dict[str, float], *,
+                    revision: str | None, batch_invariance: dict, **facts) -> dict:
+    """``metrics.json`` of an external model: the fields every run records, plus ``external``
+    (library, model, weights tag, the hub commit loaded, whether its own code ran, the zoo entry,
+    the evaluation batch sizes and the batch-size check)."""
     return run_record(
         cfg, report, method=spec.label, protocol=PROTOCOL, scorer=SCORER, split="test",
-        external={"library": spec.library, "model": spec.name, "pretrained": spec.pretrained},
+        external={"library": spec.library, "model": spec.name, "pretrained": spec.pretrained,
+                  "revision": revision, "remote_code": spec.remote_code, "zoo": spec.zoo,
+                  "image_model": spec.image_model, "batch_invariance": batch_invariance},
         **facts,
     )
 
 
 def _main(args: list[str]) -> None:
-    options = {"model": None, "pretrained": None, "device": "auto"}
+    options = {"model": None, "pretrained": None, "revision": None, "remote_code": "false",
+               "device": "auto"}
     rest = []
     for arg in args:
         key, sep, value = arg.partition("=")
@@ -285,8 +319,12 @@ def _main(args: list[str]) -> None:
             rest.append(arg)
     if not options["model"]:
         raise ConfigError("usage: python -m experiments.external model=open_clip:<arch> "
-                          "pretrained=<tag> | model=hf:<name or path> [data=...] [key=value ...]")
-    spec = ModelSpec.parse(options["model"], options["pretrained"])
+                          "pretrained=<tag> | model=hf:<name or path> [revision=<commit> "
+                          "remote_code=true] | model=zoo:<name> [data=...] [key=value ...]")
+    if options["remote_code"] not in ("true", "false"):
+        raise ConfigError(f"remote_code={options['remote_code']!r}: expected true or false")
+    spec = ModelSpec.parse(options["model"], options["pretrained"], options["revision"],
+                           options["remote_code"] == "true")
     score_external(spec, rest, options["device"])
 
 

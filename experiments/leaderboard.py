@@ -189,12 +189,18 @@ def unimodal_cutoffs(rows: list[dict]) -> list[int]:
                    if name.startswith(UNIMODAL) and name.split("@", 1)[1].isdigit()})
 
 
+BATCH_DEPENDENT = "batch-dependent"
+
+
 def external_label(row: dict) -> str:
-    """``external`` or ``external, <weights tag>`` for a pretrained model's row, else empty."""
+    """``external`` or ``external, <weights tag>`` for a pretrained model's row, with
+    ``batch-dependent`` when its embeddings failed the batch-size check, else empty."""
     external = row.get("external")
     if not external:
         return ""
-    return "external" + (f", {external['pretrained']}" if external.get("pretrained") else "")
+    check = external.get("batch_invariance") or {}
+    return ("external" + (f", {external['pretrained']}" if external.get("pretrained") else "")
+            + (f", {BATCH_DEPENDENT}" if check.get("invariant") is False else ""))
 
 
 def still_rising(row: dict) -> bool:
@@ -225,6 +231,10 @@ def _notes(group: list[dict]) -> list[str]:
     if any(r.get("external") for r in group):
         notes.append("- (external) a pretrained model scored zero-shot with the suite's metrics "
                      "(`make eval MODEL=...`), not trained by the suite; the tag names its weights.")
+    if any(BATCH_DEPENDENT in external_label(r) for r in group):
+        notes.append(f"- ({BATCH_DEPENDENT}) the model embedded the same item differently in a full "
+                     "evaluation batch and alone (metrics.json: external.batch_invariance): its "
+                     "score depends on the evaluation batch size.")
     for r in group:
         for seed, run_ids in r["duplicates"].items():
             notes.append(f"- {_row_label(r)}: seed {seed} "

@@ -42,8 +42,12 @@ EXECUTION_ONLY = (
     "trainer.progress_refresh_rate", "trainer.log_every_n_steps",
     "trainer.checkpoint_every_n_steps", "trainer.cpu_threads", "method.cpu_threads",
     "data.num_workers", "data.root", "data.image_root", "data.cache_dir",
-    "data.tokenizer.download",
+    "data.tokenizer.download", "trainer.logger",
 )
+# Keys added after results were published, at the value that reproduces the earlier behaviour: at
+# that value they are left out of a run's settings, so its fingerprint equals that of the earlier
+# runs of the same experiment.
+LATER_DEFAULTS = {"data.pretrained_io": None, "method.projection": "linear", "method.lit": False}
 
 
 # ---- configuration identity -------------------------------------------------------------------
@@ -63,7 +67,8 @@ def experiment_settings(config: Mapping[str, Any] | DictConfig) -> dict[str, Any
     """The flattened settings that decide a run's result (everything but ``EXECUTION_ONLY``)."""
     if isinstance(config, DictConfig):
         config = OmegaConf.to_container(config, resolve=True)
-    return {k: v for k, v in flatten(config).items() if k not in EXECUTION_ONLY}
+    return {k: v for k, v in flatten(config).items()
+            if k not in EXECUTION_ONLY and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
 
 
 def config_fingerprint(config: Mapping[str, Any] | DictConfig) -> str:

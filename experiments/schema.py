@@ -76,6 +76,7 @@ class TrainerConfig:
     loader_workers: Optional[int] = bounded(None, minimum=0, allow=(-1,))  # None: data.num_workers
     pin_memory: bool = False              # training batches in page-locked memory (fast copies to GPU)
     prefetch_factor: Optional[int] = bounded(None, minimum=1)  # batches each worker loads ahead
+    logger: List[str] = field(default_factory=lambda: ["tensorboard", "csv"])  # + wandb, mlflow (extras)
 
 
 @dataclass
@@ -118,6 +119,8 @@ class DataConfig:
     roi_features: Optional[str] = None  # precomputed ROI features: an LMDB or a .npy folder
     roi_regions: int = bounded(36, minimum=1)  # regions per image in a batch (padded and masked)
     on_missing_roi: str = "error"
+    pretrained_io: Optional[Dict[str, Any]] = None  # a pretrained model's own preprocessing and
+                                                    # tokenizer (set by method.encoders=zoo:<name>)
 
 
 @dataclass

@@ -22,6 +22,7 @@ from datamodules.datamodule import CCRDataModule
 from experiments import cli
 from experiments.config import compose
 from experiments.curves import ValidationCurve, run_curve
+from experiments.loggers import check_loggers
 from experiments.runs import (
     checkpoints_in,
     claim_run_dir,
@@ -126,6 +127,7 @@ def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
     configure_threads(cfg)
     configure_matmul_precision(cfg)
+    check_loggers(cfg)
     with claim_run_dir(cfg) as run_dir:
         if cfg.ckpt_path == "last":
             for path in checkpoints_in(run_dir):

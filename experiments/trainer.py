@@ -16,7 +16,6 @@ import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
-from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig
 
 
@@ -235,19 +234,19 @@ def build_trainer(
     cfg: DictConfig, run_dir: Path, checkpoint_dir: Path, max_steps: int | None = None,
     callbacks: list[Callback] = (), log_version: str | None = None,
 ) -> L.Trainer:
-    """A Trainer that logs to TensorBoard and CSV in ``run_dir`` (folder ``log_version``, default
-    the checkpoint folder's name) and checkpoints atomically to ``checkpoint_dir``."""
+    """A Trainer that logs to ``trainer.logger`` (default TensorBoard and CSV in ``run_dir``, folder
+    ``log_version``, default the checkpoint folder's name) and checkpoints atomically to
+    ``checkpoint_dir``."""
+    from experiments.loggers import build_loggers
+
+
     t = cfg.trainer
     version = log_version or checkpoint_dir.name
     checkpoint = ModelCheckpoint(
         dirpath=checkpoint_dir, save_last=True, save_top_k=0,
         every_n_train_steps=t.checkpoint_every_n_steps,
     )
-    loggers = [
-        TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=version),
-        CSVLogger(save_dir=str(run_dir), name="csv", version=version,
-                  flush_logs_every_n_steps=t.log_every_n_steps),
-    ]
+    loggers = build_loggers(cfg, run_dir, version, t.log_every_n_steps)
     return L.Trainer(
         accelerator=t.accelerator,
         devices=t.devices,

@@ -3,12 +3,18 @@
 Per step, each image is paired with the caption of ONE of its languages, drawn uniformly among
 the languages it has; the loss is symmetric InfoNCE over the (global) batch with a learnable
 temperature.
+
+``projection: none`` uses the encoders' own embeddings (a pretrained dual encoder's, whose towers
+already project into its joint space) instead of a new linear head; ``lit: true`` is LiT (Zhai et
+al. 2022, "LiT: Zero-Shot Transfer with Locked-image text Tuning"): the image tower is locked (no
+gradient, eval mode), only the text tower and the temperature train.
 """
 
 from __future__ import annotations
 
 import torch
-from torch import Tensor
+import torch.nn.functional as F
+from torch import Tensor, nn
 
 from methods.layers.base import RetrievalModule
 from methods.layers.batches import sample_one_language
@@ -16,6 +22,13 @@ from methods.layers.contrastive import LearnableTemperature, info_nce
 from methods.layers.encoders import ImageEncoder, TextEncoder
 from methods.layers.heads import ProjectionHead
 from methods.registry import register
+
+
+class Normalize(nn.Module):
+    """L2-normalise: the head of a tower whose embedding is already in the joint space."""
+
+    def forward(self, x: Tensor) -> Tensor:
+        return F.normalize(x, dim=-1)
 
 
 @register("clip")
@@ -29,9 +42,35 @@ class CLIPModule(RetrievalModule):
         method, data = self.method_cfg, self.data_info
         self.image_encoder = ImageEncoder.from_config(method.image_encoder, data)
         self.text_encoder = TextEncoder.from_config(method.text_encoder, data)
-        self.image_proj = ProjectionHead(self.image_encoder.out_dim, method.embed_dim)
-        self.text_proj = ProjectionHead(self.text_encoder.out_dim, method.embed_dim)
+        projection = method.get("projection", "linear")
+        if projection == "linear":
+            self.image_proj = ProjectionHead(self.image_encoder.out_dim, method.embed_dim)
+            self.text_proj = ProjectionHead(self.text_encoder.out_dim, method.embed_dim)
+        elif projection == "none":
+            if self.image_encoder.out_dim != self.text_encoder.out_dim:
+                raise ValueError(f"method.projection=none needs encoders of one width (image "
+                                 f"{self.image_encoder.out_dim}, text {self.text_encoder.out_dim})")
+            self.image_proj, self.text_proj = Normalize(), Normalize()
+        else:
+            raise ValueError(f"method.projection={projection!r}: expected linear or none")
         self.temperature = LearnableTemperature(**method.temperature)
+        self.lit = bool(method.get("lit", False))
+        if self.lit:
+            for param in self.image_tower_parameters():
+                param.requires_grad_(False)
+
+    def image_tower_parameters(self):
+        """The image encoder's and its head's parameters (what LiT locks)."""
+        yield from self.image_encoder.parameters()
+        yield from self.image_proj.parameters()
+
+    def train(self, mode: bool = True) -> "CLIPModule":
+        """LiT keeps the locked image tower in eval mode (no dropout, no batch statistics)."""
+        super().train(mode)
+        if self.lit:
+            self.image_encoder.eval()
+            self.image_proj.eval()
+        return self
 
     def encode_images(self, images: Tensor) -> Tensor:
         return self.image_proj(self.image_encoder(images)[:, 0])

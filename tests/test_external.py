@@ -95,8 +95,7 @@ def test_open_clip_row_equals_scoring_the_same_embeddings_directly(world, open_c
     assert stored.captions == [text for text, _, _ in captions]
     assert_equal_captions_embed_equally(stored)
     assert record["method"] == f"open_clip:local-dir:{open_clip_dir}"
-    assert record["external"] == {"library": "open_clip", "model": f"local-dir:{open_clip_dir}",
-                                  "pretrained": None}
+    assert_external(record, library="open_clip", model=f"local-dir:{open_clip_dir}")
     assert (record["protocol"], record["scorer"], record["split"]) == ("zero-shot", "itc", "test")
     assert record["metric_protocol"] == METRIC_PROTOCOL
 
@@ -120,9 +119,21 @@ def test_hf_clip_row_equals_scoring_the_same_embeddings_directly(world, hf_dir, 
                 **{k: v for k, v in tokenizer([text], padding="max_length", truncation=True, return_tensors="pt").items()
                    if k in ("input_ids", "attention_mask")})))
     assert_same_scores(record["metrics"], direct)
-    assert record["external"] == {"library": "hf", "model": str(hf_dir), "pretrained": None}
+    assert_external(record, library="hf", model=str(hf_dir))
     stored = EvaluatedSet.load(folder / EMBEDDINGS)
     assert_equal_captions_embed_equally(stored)
+
+
+def assert_external(record, *, library, model, pretrained=None, revision=None, remote_code=False,
+                    zoo=None):
+    """The row's ``external`` record: what was loaded, and a passed batch-size check."""
+    external_fields = {k: v for k, v in record["external"].items() if k != "batch_invariance"}
+    assert external_fields == {"library": library, "model": model, "pretrained": pretrained,
+                               "revision": revision, "remote_code": remote_code, "zoo": zoo,
+                               "image_model": None}
+    check = record["external"]["batch_invariance"]
+    assert check["invariant"] and check["batch_sizes"] == [16, 1], check
+    assert check["images"] == 16 and check["captions"] == 16 and check["max_abs_diff"] <= 1e-4
 
 
 def assert_equal_captions_embed_equally(stored):
@@ -191,7 +202,7 @@ def test_a_local_dir_without_weights_is_refused(world, open_clip_dir, tmp_path, 
 
 
 @pytest.mark.parametrize("args, message", [
-    (["model=clip:ViT-B-32"], "expected open_clip:<arch> or hf:<name or path>"),
+    (["model=clip:ViT-B-32"], "expected open_clip:<arch>, hf:<name or path> or zoo:<name>"),
     (["model=hf:some/model", "pretrained=v1"], "brings its own weights"),
     (["pretrained=v1"], "usage: python -m experiments.external model="),
 ])

@@ -5,6 +5,10 @@ Backends are picked by ``name``:
 * ``tiny``: a small random-init transformer (the CPU default for tests and smoke runs);
 * ``timm:<model>`` (images), ``hf:<model or path>`` (texts): the model zoos by name;
 * ``open_clip:<model>``: a tower of an open_clip CLIP model (or one built from ``config``);
+* ``pretrained`` (with ``spec``): one tower of a pretrained dual encoder, exactly as
+  ``experiments/external.py`` scores it (``methods/layers/pretrained_dual.py``): its global token
+  is the model's projected embedding, and it is the only token (``method.encoders=zoo:<name>``
+  sets both encoders, and the data's preprocessing and tokenizer, to a zoo model);
 * ``world`` (in ``from_config``): the synthetic world's own pretrained backbone, whatever settings
   ``DataInfo.backbones`` gives (a timm ViT state dict, a Hugging Face XLM-R folder).
 
@@ -234,6 +238,20 @@ class OpenClipVisionTokens(nn.Module):
         return torch.cat([pooled.unsqueeze(1), tokens], dim=1)
 
 
+class PretrainedImageTokens(nn.Module):
+    """The image tower of a pretrained dual encoder: one token, its projected embedding."""
+
+    def __init__(self, spec: Mapping[str, Any]):
+        super().__init__()
+        from methods.layers.pretrained_dual import DualSpec, image_tower
+
+        self.tower = image_tower(DualSpec.from_mapping(_plain(spec)))
+        self.width = self.tower.width
+
+    def forward(self, images: Tensor) -> Tensor:
+        return self.tower(images).unsqueeze(1)
+
+
 class ImageEncoder(nn.Module):
     """Images ``[B,3,H,W]`` -> token states ``[B, 1+P, out_dim]``, the global token first.
 
@@ -257,11 +275,14 @@ class ImageEncoder(nn.Module):
         project: bool = True,
         config: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
+        spec: Mapping[str, Any] | None = None,
     ):
         super().__init__()
         backend, model = _split_name(name)
         options, config = _plain(options), (_plain(config) if config is not None else None)
-        if backend == "tiny":
+        if backend == PRETRAINED:
+            self.backbone = PretrainedImageTokens(_needs_spec(spec, "image"))
+        elif backend == "tiny":
             self.backbone = TinyViT(
                 image_size, patch_size, width, layers, heads, mlp_ratio, dropout
             )
@@ -275,7 +296,8 @@ class ImageEncoder(nn.Module):
             )
         else:
             raise ValueError(
-                f"image encoder {name!r}: expected 'tiny', 'timm:<model>' or 'open_clip:<model>'"
+                f"image encoder {name!r}: expected 'tiny', 'timm:<model>', 'open_clip:<model>' "
+                "or 'pretrained'"
             )
         self.out_dim = self.backbone.width
 
@@ -447,7 +469,34 @@ class OpenClipText(nn.Module):
         return self.token_embedding
 
 
+class PretrainedTextTokens(nn.Module):
+    """The text tower of a pretrained dual encoder: one state, its projected embedding."""
+
+    def __init__(self, spec: Mapping[str, Any]):
+        super().__init__()
+        from methods.layers.pretrained_dual import DualSpec, text_tower
+
+        self.tower = text_tower(DualSpec.from_mapping(_plain(spec)))
+        self.width = self.tower.width
+
+    def forward(self, input_ids: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+        pooled = self.tower(input_ids, mask.long())
+        return pooled.unsqueeze(1), pooled
+
+    def input_embeddings(self) -> nn.Embedding:
+        raise ValueError("a pretrained dual encoder's text tower exposes no token embedding table "
+                         "to tie a head to")
+
+
 TINY_TEXT_LAYERS = 2
+PRETRAINED = "pretrained"
+
+
+def _needs_spec(spec: Mapping[str, Any] | None, modality: str) -> Mapping[str, Any]:
+    if not spec:
+        raise ValueError(f"{modality} encoder 'pretrained' needs spec: {{library, model, ...}} "
+                         "(method.encoders=zoo:<name> fills it)")
+    return spec
 
 
 class TextEncoder(nn.Module):
@@ -475,11 +524,14 @@ class TextEncoder(nn.Module):
         project: bool = True,
         config: Mapping[str, Any] | None = None,
         options: Mapping[str, Any] | None = None,
+        spec: Mapping[str, Any] | None = None,
     ):
         super().__init__()
         backend, model = _split_name(name)
         options, config = _plain(options), (_plain(config) if config is not None else None)
-        if backend == "tiny":
+        if backend == PRETRAINED:
+            self.backbone = PretrainedTextTokens(_needs_spec(spec, "text"))
+        elif backend == "tiny":
             if vocab_size is None:
                 raise ValueError(
                     "tiny text encoder needs vocab_size "
@@ -499,7 +551,8 @@ class TextEncoder(nn.Module):
             )
         else:
             raise ValueError(
-                f"text encoder {name!r}: expected 'tiny', 'hf:<model>' or 'open_clip:<model>'"
+                f"text encoder {name!r}: expected 'tiny', 'hf:<model>', 'open_clip:<model>' or "
+                "'pretrained'"
             )
         self.out_dim = self.backbone.width
 
@@ -518,7 +571,8 @@ class TextEncoder(nn.Module):
     def forward(self, input_ids: Tensor, attention_mask: Tensor) -> TextOutput:
         mask = attention_mask.bool()
         states, pooled = self.backbone(input_ids, mask)
-        return TextOutput(states=states, pooled=pooled, mask=mask)
+        # a pretrained dual encoder's tower gives one state (its embedding): the mask follows
+        return TextOutput(states=states, pooled=pooled, mask=mask[:, : states.shape[1]])
 
     def input_embeddings(self) -> nn.Embedding:
         """The token embedding table (e.g. to tie an MLM decoder to it)."""
