@@ -197,8 +197,11 @@ class _OpenedImages:
 def encode(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: int, num_workers: int,
            evaluation: metrics.RetrievalEvaluation) -> None:
     """Encode every image and caption into ``evaluation`` (by index) and into ``evaluated``."""
-    loader = DataLoader(list(enumerate(evaluated.image_paths)), batch_size=batch_size,
-                        num_workers=num_workers, collate_fn=_OpenedImages(encoder))
+    # torch's stub asks for a Dataset; a list is the map-style dataset DataLoader documents.
+    items = list(enumerate(evaluated.image_paths))
+    loader: DataLoader[tuple[int, str]] = DataLoader(
+        items, batch_size=batch_size,  # type: ignore[arg-type]
+        num_workers=num_workers, collate_fn=_OpenedImages(encoder))
     image_rows = []
     for batch in loader:
         emb = encoder.encode_images(batch["pixels"]).cpu()
@@ -275,18 +278,18 @@ def external_record(cfg: DictConfig, spec: ModelSpec, report: dict[str, float], 
 
 
 def _main(args: list[str]) -> None:
-    options = {"model": None, "pretrained": None, "device": "auto"}
+    options = {"device": "auto"}
     rest = []
     for arg in args:
         key, sep, value = arg.partition("=")
-        if sep and key in options:
+        if sep and key in ("model", "pretrained", "device"):
             options[key] = value
         else:
             rest.append(arg)
-    if not options["model"]:
+    if not options.get("model"):
         raise ConfigError("usage: python -m experiments.external model=open_clip:<arch> "
                           "pretrained=<tag> | model=hf:<name or path> [data=...] [key=value ...]")
-    spec = ModelSpec.parse(options["model"], options["pretrained"])
+    spec = ModelSpec.parse(options["model"], options.get("pretrained"))
     score_external(spec, rest, options["device"])
 
 
