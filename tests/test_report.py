@@ -125,7 +125,7 @@ def test_each_listed_instance_shows_its_captions_and_ranks(runs, tmp_path):
     assert "data:image/png;base64," in card
     for column, lang in enumerate(LANGUAGES):
         first = next(i for i, (owner, c) in enumerate(zip(evaluated.caption_image.tolist(),
-                                                          evaluated.caption_language))
+                                                          evaluated.caption_language, strict=True))
                      if owner == image and c == lang)
         caption = evaluated.captions[first].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         row = card[card.index(f"<td>{lang}</td>"):]
