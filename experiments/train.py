@@ -11,8 +11,8 @@ zero steps, or whose loss becomes non-finite, stops with an error and writes no 
 from __future__ import annotations
 
 import time
-from pathlib import Path
 from collections.abc import Sized
+from pathlib import Path
 from typing import Sequence, cast
 
 import lightning as L
