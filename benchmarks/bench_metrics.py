@@ -145,7 +145,7 @@ def run_argsort(image, text, caption_image, caption_language):
     import numpy as np
 
     values = {}
-    for lang, (texts, owners) in zip(dict.fromkeys(caption_language), language_views(image, text, caption_image, caption_language)):
+    for lang, (texts, owners) in zip(dict.fromkeys(caption_language), language_views(image, text, caption_image, caption_language), strict=True):
         scores = (image @ texts.T).numpy()
         owner = owners.numpy()
         captions_of = [[] for _ in range(len(image))]
@@ -167,7 +167,7 @@ def run_torchmetrics(image, text, caption_image, caption_language, fraction: flo
     from torchmetrics.retrieval import RetrievalHitRate, RetrievalNormalizedDCG
 
     values = {}
-    for lang, (texts, owners) in zip(dict.fromkeys(caption_language), language_views(image, text, caption_image, caption_language)):
+    for lang, (texts, owners) in zip(dict.fromkeys(caption_language), language_views(image, text, caption_image, caption_language), strict=True):
         scores = image @ texts.T
         i2t_target = owners[None, :] == torch.arange(len(image))[:, None]
         for direction, matrix, target in (("i2t", scores, i2t_target), ("t2i", scores.T, i2t_target.T)):

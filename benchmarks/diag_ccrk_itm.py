@@ -61,7 +61,7 @@ def describes(parsed: tuple[list[tuple], str | None], scene: dict) -> bool:
     if (background is not None and scene["background"] != background) or len(mentions) != len(objects):
         return False
     return any(all(o["colour"] == c and o["shape"] == s and z in (None, o["size"]) and p in (None, o["position"])
-                   for (c, s, z, p), o in zip(mentions, order))
+                   for (c, s, z, p), o in zip(mentions, order, strict=True))
                for order in itertools.permutations(objects))
 
 
@@ -81,10 +81,10 @@ def training_batches(data, rng: random.Random):
     while True:
         rows = rng.sample(range(len(records)), BATCH)
         shared = [rng.randrange(len(records[j].captions["en"])) for j in rows]
-        tokens = data.tokenizer([records[j].captions[lang][s] for j, s in zip(rows, shared) for lang in languages],
+        tokens = data.tokenizer([records[j].captions[lang][s] for j, s in zip(rows, shared, strict=True) for lang in languages],
                                 data.info.max_length)
         images = torch.stack([transform(data.image_root / records[j].image) for j in rows])
-        english = [records[j].captions["en"][s] for j, s in zip(rows, shared)]
+        english = [records[j].captions["en"][s] for j, s in zip(rows, shared, strict=True)]
         yield rows, english, tokens, images
 
 

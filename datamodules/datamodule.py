@@ -624,7 +624,7 @@ class CCRDataModule(L.LightningDataModule):
             new = list(dict.fromkeys(s for s in sentences if s not in known))
             for start in range(0, len(new), 8192):
                 chunk = new[start : start + 8192]
-                known.update(zip(chunk, self.tokenizer(chunk, max_length)["attention_mask"].sum(1).tolist()))
+                known.update(zip(chunk, self.tokenizer(chunk, max_length)["attention_mask"].sum(1).tolist(), strict=True))
             return [known[s] for s in sentences]
 
         dataset = parallel_batches(

@@ -74,7 +74,7 @@ def cut_direction(texts: Texts, rng: random.Random, batch_size: int, max_tokens:
         raise ValueError("token-counted batches need a token counter")
     src = count_tokens([s for s, _ in texts])
     tgt = count_tokens([t for _, t in texts])
-    lengths = [max(a, b) for a, b in zip(src, tgt)]
+    lengths = [max(a, b) for a, b in zip(src, tgt, strict=True)]
     order = sorted(range(len(texts)), key=lengths.__getitem__)  # stable: ties keep the shuffle
     cut = token_batches([lengths[i] for i in order], max_tokens)
     batches = [[texts[order[i]] for i in run] for run in cut]

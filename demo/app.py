@@ -27,7 +27,7 @@ def theme() -> gr.themes.Base:
 def caption_choices(index: RetrievalIndex, language: str) -> list[tuple[str, int]]:
     """(label, caption index) of every caption of ``language``, labelled with its image id."""
     return [(f"{index.image_ids[int(index.caption_image[c])]}: {text}", c)
-            for c, (text, lang) in enumerate(zip(index.captions, index.caption_language)) if lang == language]
+            for c, (text, lang) in enumerate(zip(index.captions, index.caption_language, strict=True)) if lang == language]
 
 
 def header(index: RetrievalIndex) -> str:

@@ -54,7 +54,7 @@ def one_line(err: BaseException) -> str:
     return " ".join(lines)
 
 
-def run(main: Callable[[list[str]], None], argv: Sequence[str] | None = None) -> None:
+def run(main: Callable[[list[str]], object], argv: Sequence[str] | None = None) -> None:
     """Call ``main(args)``; a user error becomes ``error: ...`` and exit status 2."""
     args = list(sys.argv[1:] if argv is None else argv)
     show_traceback = TRACEBACK_FLAG in args or os.environ.get("CCR_TRACEBACK") == "1"

@@ -31,10 +31,10 @@ def _main(args: list[str]) -> None:
     parser.add_argument("--data", default="synthetic")
     parser.add_argument("--methods", nargs="+", default=methods.names())
     parser.add_argument("overrides", nargs="*", help="key=value overrides applied to every run")
-    args = parser.parse_args(args)
-    for method in args.methods:
-        for seed in args.seeds:
-            argv = [f"method={method}", f"data={args.data}", f"seed={seed}", *args.overrides]
+    options = parser.parse_args(args)
+    for method in options.methods:
+        for seed in options.seeds:
+            argv = [f"method={method}", f"data={options.data}", f"seed={seed}", *options.overrides]
             argv.append(f"run_id={run_id(argv, seed)}")
             folder = run_root(compose(argv)) / argv[-1].split("=", 1)[1]
             if (folder / "metrics.json").exists():

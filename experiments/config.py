@@ -9,9 +9,9 @@ type, shape or sign fails here, naming the key, before anything runs.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, cast
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 from experiments.schema import RunConfig, check_bounds
@@ -33,7 +33,7 @@ def _load_group(group: str, name: str) -> DictConfig:
     path = CONFIG_DIR / group / f"{name}.yaml"
     if not path.exists():
         raise ConfigError(f"unknown {group} '{name}'; available: {', '.join(available(group))}")
-    return OmegaConf.load(path)
+    return as_mapping(OmegaConf.load(path), str(path))
 
 
 def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, str], list[str]]:
@@ -54,12 +54,12 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, str], list[str]
 def _merge(cfg: DictConfig, other, source: str) -> DictConfig:
     """``OmegaConf.merge`` with the schema's complaints turned into one line naming the key."""
     try:
-        return OmegaConf.merge(cfg, other)
+        return cast(DictConfig, OmegaConf.merge(cfg, other))  # merged onto a mapping, a mapping
     except (ConfigKeyError, ConfigAttributeError) as err:
         key = getattr(err, "full_key", None) or str(err).splitlines()[0]
         parent = key.rsplit(".", 1)[0] if "." in key else None
         node = OmegaConf.select(cfg, parent) if parent else cfg
-        known = ", ".join(sorted(node.keys())) if isinstance(node, DictConfig) else ""
+        known = ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else ""
         where = "" if source == "command line" else f" in {source} (declare it in experiments/schema.py)"
         raise ConfigError(f"unknown config key '{key}'{where}"
                           + (f"; keys here: {known}" if known else "")) from None
@@ -71,9 +71,16 @@ def _merge(cfg: DictConfig, other, source: str) -> DictConfig:
         raise ConfigError(f"config key '{key}' ({source}): {reason}") from None
 
 
-def typed(cfg: DictConfig, source: str = "config") -> DictConfig:
+def as_mapping(cfg: DictConfig | ListConfig, source: str) -> DictConfig:
+    """``cfg`` as loaded from ``source``; a YAML list where sections belong is an error."""
+    if not isinstance(cfg, DictConfig):
+        raise ConfigError(f"{source}: a configuration is a mapping of keys, not a list")
+    return cfg
+
+
+def typed(cfg: DictConfig | ListConfig, source: str = "config") -> DictConfig:
     """``cfg`` (e.g. a stored ``config.yaml``) checked against the schema."""
-    return _merge(OmegaConf.structured(RunConfig), cfg, source)
+    return _merge(OmegaConf.structured(RunConfig), as_mapping(cfg, source), source)
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:

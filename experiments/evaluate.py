@@ -19,7 +19,7 @@ from datamodules.datamodule import parse_split
 from experiments import cli
 from experiments.config import ConfigError, apply_overrides, typed
 from experiments.runs import load_checkpoint, scorer_label, write_metrics
-from experiments.train import StageData, build_datamodule, stages_of
+from experiments.train import StageData, build_datamodule, last_report, stages_of
 from experiments.trainer import build_trainer, configure_matmul_precision, configure_threads
 
 
@@ -52,10 +52,11 @@ def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> 
         trainer.test(module, datamodule=loaders, verbose=False)
     else:
         trainer.validate(module, datamodule=loaders, verbose=False)
+    report = last_report(module, stage)
     if trainer.is_global_zero:
-        write_metrics(run_dir / "eval" / name / "metrics.json", cfg, module.last_report,
+        write_metrics(run_dir / "eval" / name / "metrics.json", cfg, report,
                       split=split, run_id=run_dir.name, checkpoint=str(ckpt))
-    return module.last_report
+    return report
 
 
 def _main(args: list[str]) -> None:

@@ -191,8 +191,11 @@ class _OpenedImages:
 def encode(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: int, num_workers: int,
            evaluation: metrics.RetrievalEvaluation) -> None:
     """Encode every image and caption into ``evaluation`` (by index) and into ``evaluated``."""
-    loader = DataLoader(list(enumerate(evaluated.image_paths)), batch_size=batch_size,
-                        num_workers=num_workers, collate_fn=_OpenedImages(encoder))
+    # torch's stub asks for a Dataset; a list is the map-style dataset DataLoader documents.
+    items = list(enumerate(evaluated.image_paths))
+    loader: DataLoader[tuple[int, str]] = DataLoader(
+        items, batch_size=batch_size,  # type: ignore[arg-type]
+        num_workers=num_workers, collate_fn=_OpenedImages(encoder))
     image_rows = []
     for batch in loader:
         emb = encoder.encode_images(batch["pixels"]).cpu()
@@ -313,11 +316,11 @@ def _main(args: list[str]) -> None:
     rest = []
     for arg in args:
         key, sep, value = arg.partition("=")
-        if sep and key in options:
+        if sep and key in ("model", "pretrained", "device"):
             options[key] = value
         else:
             rest.append(arg)
-    if not options["model"]:
+    if not options.get("model"):
         raise ConfigError("usage: python -m experiments.external model=open_clip:<arch> "
                           "pretrained=<tag> | model=hf:<name or path> [revision=<commit> "
                           "remote_code=true] | model=zoo:<name> [data=...] [key=value ...]")

@@ -33,7 +33,7 @@ from omegaconf import OmegaConf
 from experiments import cli
 from experiments.config import ConfigError, typed
 from experiments.curves import RISING_MARGIN, check_curve, mean_curve, row_rise
-from experiments.runs import config_fingerprint, experiment_settings
+from experiments.runs import config_fingerprint, experiment_settings, plain
 from metrics.protocol import METRIC_PROTOCOL
 
 FAMILY = ("method", "data", "protocol", "scorer")
@@ -75,7 +75,7 @@ def as_current_code_reads(config: dict, path: Path) -> dict:
     ``data.roi_features`` existed and one with it at null are the same experiment, one row.
     A setting the schema no longer knows is an error naming the file."""
     try:
-        return OmegaConf.to_container(typed(OmegaConf.create(config), "its config"), resolve=True)
+        return plain(typed(OmegaConf.create(config), "its config"))
     except ConfigError as err:
         raise ValueError(f"{path}: the current code cannot read this run's config: {err}") from None
 
@@ -103,12 +103,13 @@ def _settings_shown(members_by_row: list[list[dict]]) -> list[str]:
     settings = [experiment_settings(m[0]["config"]) if "config" in m[0] else None
                 for m in members_by_row]
     if len(members_by_row) < 2:
-        return [", ".join(f"{k}={s[k]}" for k in _sliced_splits(s)) for s in settings]
+        return ["" if s is None else ", ".join(f"{k}={s[k]}" for k in _sliced_splits(s))
+                for s in settings]
     known = [s for s in settings if s is not None]
     keys = sorted({k for s in known for k in s} if known else set())
     differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in known}) > 1]
     shown = []
-    for members, s in zip(members_by_row, settings):
+    for members, s in zip(members_by_row, settings, strict=True):
         if s is None:
             shown.append(f"config {members[0]['config_fingerprint']}")
         else:
@@ -126,7 +127,7 @@ def aggregate(results: list[dict]) -> list[dict]:
         groups[key].append(result)
     rows = []
     families: dict[tuple, list[dict]] = defaultdict(list)
-    for key, members in groups.items():
+    for members in groups.values():
         by_seed: dict[Any, list[dict]] = defaultdict(list)
         for m in sorted(members, key=lambda m: m["_mtime"], reverse=True):
             by_seed[m["seed"]].append(m)
@@ -158,7 +159,8 @@ def aggregate(results: list[dict]) -> list[dict]:
         rows.append(row)
         families[tuple(row[k] for k in FAMILY)].append(row)
     for family in families.values():
-        for row, shown in zip(family, _settings_shown([r["_members"] for r in family])):
+        shown_by_row = _settings_shown([r["_members"] for r in family])
+        for row, shown in zip(family, shown_by_row, strict=True):
             row["settings"] = shown
     for row in rows:
         del row["_members"]
@@ -330,7 +332,7 @@ def plot(rows: list[dict], path: Path) -> None:
     datasets = sorted({r["data"] for r in rows})
     fig, axes = plt.subplots(1, max(1, len(datasets)), figsize=(5 * max(1, len(datasets)), 3.5),
                              squeeze=False)
-    for ax, data in zip(axes[0], datasets):
+    for ax, data in zip(axes[0], datasets, strict=False):  # one empty panel when no dataset
         group = [r for r in rows if r["data"] == data and "mR" in r["stats"]]
         labels = [f"{_method_cell(r)}\n{r['protocol']}/{r['scorer']}"
                   + (f"\n{r['settings']}" if r["settings"] else "") for r in group]
@@ -395,11 +397,11 @@ def _main(args: list[str]) -> None:
     parser.add_argument("--runs", type=Path, default=Path("runs"))
     parser.add_argument("--out", type=Path, default=None,
                         help="where to write leaderboard.{md,csv,png} (default: the --runs folder)")
-    args = parser.parse_args(args)
-    if not args.runs.is_dir():
-        raise FileNotFoundError(f"no runs folder {args.runs}")
-    rows = build(args.runs, args.out)
-    print(f"{len(rows)} leaderboard rows -> {(args.out or args.runs) / 'leaderboard.md'}")
+    options = parser.parse_args(args)
+    if not options.runs.is_dir():
+        raise FileNotFoundError(f"no runs folder {options.runs}")
+    rows = build(options.runs, options.out)
+    print(f"{len(rows)} leaderboard rows -> {(options.out or options.runs) / 'leaderboard.md'}")
 
 
 def main() -> None:

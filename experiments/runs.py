@@ -22,13 +22,13 @@ import subprocess
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 from omegaconf import DictConfig, OmegaConf
 
 import metrics
-from experiments.config import ConfigError, method_label
+from experiments.config import ConfigError, as_mapping, method_label
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 LOCK = ".lock"
@@ -52,6 +52,11 @@ LATER_DEFAULTS = {"data.pretrained_io": None, "method.projection": "linear", "me
 
 # ---- configuration identity -------------------------------------------------------------------
 
+def plain(cfg: DictConfig) -> dict[str, Any]:
+    """``cfg`` resolved into plain dicts and lists (a ``DictConfig`` always gives a dict)."""
+    return cast(dict[str, Any], OmegaConf.to_container(cfg, resolve=True))
+
+
 def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     """``{"a": {"b": 1}}`` -> ``{"a.b": 1}`` (lists stay values)."""
     flat: dict[str, Any] = {}
@@ -65,9 +70,8 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def experiment_settings(config: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     """The flattened settings that decide a run's result (everything but ``EXECUTION_ONLY``)."""
-    if isinstance(config, DictConfig):
-        config = OmegaConf.to_container(config, resolve=True)
-    return {k: v for k, v in flatten(config).items()
+    settings = plain(config) if isinstance(config, DictConfig) else config
+    return {k: v for k, v in flatten(settings).items()
             if k not in EXECUTION_ONLY and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
 
 
@@ -147,8 +151,8 @@ def _check_resumable(cfg: DictConfig, folder: Path) -> None:
     stored = folder / "config.yaml"
     if not stored.exists():
         raise ConfigError(f"run folder {folder} has no config.yaml; it was not written by experiments.train")
-    before = OmegaConf.to_container(OmegaConf.load(stored), resolve=True)
-    differences = config_differences(before, OmegaConf.to_container(cfg, resolve=True))
+    before = plain(as_mapping(OmegaConf.load(stored), str(stored)))
+    differences = config_differences(before, plain(cfg))
     if differences:
         raise ConfigError(f"resuming {folder} needs its own configuration; differs in "
                           + "; ".join(differences))
@@ -289,7 +293,7 @@ def run_record(cfg: DictConfig, report: dict[str, float], *, method: str, protoc
                scorer: str, **facts: Any) -> dict[str, Any]:
     """What every ``metrics.json`` holds: the row's identity, what reproduces and groups it (config,
     fingerprint, metric protocol, commit), the run's own ``facts`` and every metric."""
-    config = OmegaConf.to_container(cfg, resolve=True)
+    config = plain(cfg)
     return {
         "method": method,
         "data": cfg.preset.data,

@@ -11,8 +11,9 @@ zero steps, or whose loss becomes non-finite, stops with an error and writes no 
 from __future__ import annotations
 
 import time
+from collections.abc import Sized
 from pathlib import Path
-from typing import Sequence
+from typing import Sequence, cast
 
 import lightning as L
 from omegaconf import DictConfig
@@ -47,7 +48,7 @@ from experiments.trainer import (
     free_log_version,
     loader_settings,
 )
-from methods.layers.base import Stage
+from methods.layers.base import RetrievalModule, Stage
 
 DONE = "done.ckpt"
 ROLES = ("train", "val", "test")
@@ -116,9 +117,10 @@ def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage
     for stage in stages:
         loader = stage.dataloader(data)
         if len(loader) == 0:
+            items = len(cast(Sized, loader.dataset))  # len(loader) has just measured it
             raise ValueError(
                 f"stage '{stage.name}' would train zero steps: its training loader has no batch "
-                f"({len(loader.dataset)} items, data.batch_size={cfg.data.batch_size}; incomplete "
+                f"({items} items, data.batch_size={cfg.data.batch_size}; incomplete "
                 "batches are dropped)"
             )
 
@@ -194,9 +196,10 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
         previous = done
     trainer = build_trainer(cfg, run_dir, run_dir / "eval", callbacks=[])
     trainer.test(module, datamodule=StageData(data, stages[-1]), verbose=False)
+    report = last_report(module, stages[-1])
     if trainer.is_global_zero:
         write_metrics(
-            run_dir / "metrics.json", cfg, module.last_report,
+            run_dir / "metrics.json", cfg, report,
             split="test", run_id=run_dir.name, checkpoint=str(previous),
             wall_time_s=round(time.perf_counter() - started, 1),
             train_samples_per_s=round(throughput.samples_per_second, 1),
@@ -206,8 +209,24 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
             learning_curve=run_curve([(s.name, checkpoint_dir(run_dir, stages, s)) for s in stages], stage_steps),
             **({"selected": selected} if selected else {}),
         )
-        print(f"metrics: {run_dir / 'metrics.json'}  mR={module.last_report['mR']:.2f}")
+        print(f"metrics: {run_dir / 'metrics.json'}  mR={report['mR']:.2f}")
     return run_dir
+
+
+def evaluated_module(module: L.LightningModule, stage: Stage) -> RetrievalModule:
+    """``module``, built by the run's last ``stage``, as the RetrievalModule evaluation needs."""
+    if not isinstance(module, RetrievalModule):
+        raise TypeError(f"stage '{stage.name}' built a {type(module).__name__}; the last stage "
+                        "must build a RetrievalModule")
+    return module
+
+
+def last_report(module: L.LightningModule, stage: Stage) -> dict[str, float]:
+    """The report of the evaluation that ``module``, built by the last ``stage``, has just run."""
+    report = evaluated_module(module, stage).last_report
+    if report is None:
+        raise RuntimeError(f"stage '{stage.name}' ran no evaluation that reported")
+    return report
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -8,8 +8,9 @@ import logging
 import os
 import random
 import time
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import lightning as L
 import numpy as np
@@ -42,7 +43,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 
 def rng_states() -> dict[str, Any]:
     """The global torch / numpy / python RNG states, as plain tensors and tuples (weights_only)."""
-    kind, keys, position, has_gauss, cached = np.random.get_state()
+    legacy = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state(legacy=True))
+    kind, keys, position, has_gauss, cached = legacy  # legacy=True: the tuple (the stub says either)
     states = {
         "torch": torch.get_rng_state(),
         "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
@@ -232,7 +234,7 @@ def free_log_version(run_dir: Path, name: str) -> str:
 
 def build_trainer(
     cfg: DictConfig, run_dir: Path, checkpoint_dir: Path, max_steps: int | None = None,
-    callbacks: list[Callback] = (), log_version: str | None = None,
+    callbacks: Sequence[Callback] = (), log_version: str | None = None,
 ) -> L.Trainer:
     """A Trainer that logs to ``trainer.logger`` (default TensorBoard and CSV in ``run_dir``, folder
     ``log_version``, default the checkpoint folder's name) and checkpoints atomically to

@@ -8,9 +8,13 @@ in spawned worker processes. Add one entry to ``METHOD_MODULES`` per new method.
 from __future__ import annotations
 
 from importlib import import_module
+from typing import TYPE_CHECKING
 
 from methods import registry
 from methods.registry import register
+
+if TYPE_CHECKING:
+    from methods.layers.base import RetrievalModule
 
 METHOD_MODULES = ("methods.clip", "methods.ccrk", "methods.mclip", "methods.cl2cm", "methods.covlr",
                   "methods.rc3")
@@ -21,7 +25,7 @@ def _import_methods() -> None:
         import_module(module)
 
 
-def get(name: str) -> type:
+def get(name: str) -> type[RetrievalModule]:
     """The method class registered as ``name``; an unknown name raises KeyError listing them."""
     _import_methods()
     return registry.get(name)

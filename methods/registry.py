@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
-_METHODS: dict[str, type] = {}
+from typing import TYPE_CHECKING, TypeVar
+
+if TYPE_CHECKING:
+    from methods.layers.base import RetrievalModule
+
+M = TypeVar("M", bound="RetrievalModule")
+_METHODS: dict[str, type[RetrievalModule]] = {}
 
 
 def register(name: str):
     """Class decorator: make ``cls`` available as ``methods.get(name)``."""
 
-    def decorate(cls: type) -> type:
+    def decorate(cls: type[M]) -> type[M]:
         if name in _METHODS and _METHODS[name] is not cls:
             raise ValueError(
                 f"method name {name!r} is already registered by {_METHODS[name].__name__}"
@@ -20,7 +26,7 @@ def register(name: str):
     return decorate
 
 
-def get(name: str) -> type:
+def get(name: str) -> type[RetrievalModule]:
     """The class registered as ``name``; an unknown name raises KeyError listing the known ones."""
     try:
         return _METHODS[name]

@@ -58,6 +58,18 @@ def ideal_dcg_per_item(item_gain: Tensor, candidate_item: Tensor, k: int, exclud
     return (best * position_discounts(k, item_gain.device)).sum(1)
 
 
+def _chunk_gains(item_gain: Tensor, own_item: Tensor, candidate_item: Tensor, start: int,
+                 exclude_self: bool) -> Callable[[Tensor, Tensor], Tensor]:
+    """``gain_at(rows, columns)`` of a chunk of queries starting at query ``start``: the gain of
+    each (chunk row, candidate) pair, 0 for a query against itself when ``exclude_self``."""
+
+    def gain_at(rows: Tensor, columns: Tensor) -> Tensor:
+        gains = item_gain[own_item[rows], candidate_item[columns]]
+        return torch.where(columns == rows + start, 0.0, gains) if exclude_self else gains
+
+    return gain_at
+
+
 def _sorted_top(scores: Tensor, gain_at: Callable[[Tensor, Tensor], Tensor], size: int) -> tuple[Tensor, Tensor]:
     """The ``size`` best scores of each row, descending, and their gains [c, size]; rows with fewer
     candidates are padded with -inf scores of gain 0."""
@@ -144,12 +156,7 @@ def graded_ndcg_at(
     for start in range(0, num_queries, chunk_size):
         stop = min(start + chunk_size, num_queries)
         scores = query_emb[start:stop] @ candidate_emb.T
-        own_item = query_item[start:stop]
-
-        def gain_at(rows: Tensor, columns: Tensor) -> Tensor:
-            gains = item_gain[own_item[rows], candidate_item[columns]]
-            return torch.where(columns == rows + start, 0.0, gains) if exclude_self else gains
-
+        gain_at = _chunk_gains(item_gain, query_item[start:stop], candidate_item, start, exclude_self)
         if exclude_self:
             rows = torch.arange(stop - start, device=scores.device)
             scores[rows, rows + start] = float("-inf")

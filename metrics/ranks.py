@@ -14,8 +14,10 @@ the device of the inputs. NaN or infinite embeddings or scores are an error.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import operator
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import reduce
 
 import torch
 from torch import Tensor
@@ -64,14 +66,18 @@ def count_compare(compare, part: Tensor, threshold: Tensor, dim: int, scratch: T
 
 def count_above(parts: list[Tensor], threshold: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
     """Per row, how many scores across the column blocks ``parts`` exceed ``threshold`` [rows]."""
-    buffers = scratch or [None] * len(parts)
-    return sum(count_compare(torch.gt, p, threshold[:, None], 1, b) for p, b in zip(parts, buffers))
+    buffers: Sequence[Tensor | None] = scratch or [None] * len(parts)
+    counts = (count_compare(torch.gt, p, threshold[:, None], 1, b)
+              for p, b in zip(parts, buffers, strict=True))
+    return reduce(operator.add, counts)
 
 
 def count_equal(parts: list[Tensor], value: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
     """Per row, how many scores across ``parts`` equal ``value`` [rows]."""
-    buffers = scratch or [None] * len(parts)
-    return sum(count_compare(torch.eq, p, value[:, None], 1, b) for p, b in zip(parts, buffers))
+    buffers: Sequence[Tensor | None] = scratch or [None] * len(parts)
+    counts = (count_compare(torch.eq, p, value[:, None], 1, b)
+              for p, b in zip(parts, buffers, strict=True))
+    return reduce(operator.add, counts)
 
 
 def count_non_finite(matrix: Tensor) -> tuple[int, int]:
@@ -196,6 +202,8 @@ def rank_and_ndcg(
             chunk_size=chunk_size, ndcg_k=ndcg_k, reranker=reranker, rerank_k=rerank_k,
             direction=direction,
         )
+    if query_emb is None or candidate_emb is None:
+        raise ValueError(f"{direction}: give either scores or both query and candidate embeddings")
     check_finite_embeddings(direction, query_emb, candidate_emb)
     return _rank_rows(
         lambda a, b: query_emb[a:b] @ candidate_emb.T, query_emb.shape[0], query_group,
@@ -269,14 +277,14 @@ def paired_ranks(
     i2t_ndcg = torch.zeros(num_images, dtype=torch.float64, device=device)
     t2i_higher = torch.zeros(num_captions, dtype=torch.long, device=device)
     t2i_tied = torch.zeros(num_captions, dtype=torch.long, device=device)
-    for (a, b), block in zip(chunks, diagonal):
+    for (a, b), block in zip(chunks, diagonal, strict=True):
         lo, hi = int(first_caption[a]), int(first_caption[b])
         spans = [(0, lo, None), (lo, hi, block), (hi, num_captions, None)]
         spans = [(start, stop, stored) for start, stop, stored in spans if stop > start]
         parts = [image_emb[a:b] @ texts[start:stop].T if stored is None else stored
                  for start, stop, stored in spans]
         scratch = [torch.empty(part.shape, dtype=torch.float32, device=device) for part in parts]
-        for part, buffer, (start, stop, _) in zip(parts, scratch, spans):
+        for part, buffer, (start, stop, _) in zip(parts, scratch, spans, strict=True):
             columns = slice(start, stop)
             t2i_higher[columns] += count_compare(torch.gt, part, gold[columns], 0, buffer)
             t2i_tied[columns] += count_compare(torch.eq, part, gold[columns], 0, buffer)

@@ -127,7 +127,7 @@ def retrieval_report(
     language_of = torch.tensor([languages.index(lang) for lang in caption_language], dtype=torch.long,
                                device=caption_image.device)
     report: dict[str, float] = {}
-    mrv_rows = {"i2t": [], "t2i": []}
+    mrv_rows: dict[str, list[tuple[Tensor, Tensor, Tensor]]] = {"i2t": [], "t2i": []}
     for slot, lang in enumerate(languages):
         captions = (language_of == slot).nonzero().squeeze(1)
         queries, i2t_rank, i2t_ndcg, t2i_rank, t2i_ndcg = _language_ranks(
@@ -158,7 +158,7 @@ def _mrv_scores(mrv_rows: dict[str, list], num_languages: int, num_images: int) 
     """``all/MRV_var|std/{i2t,t2i}``, their combined ``all/MRV`` and ``all/MRV_dropped``."""
     scores: dict[str, float] = {}
     for direction, rows in mrv_rows.items():
-        instance, language, ranks = (torch.cat(column) for column in zip(*rows))
+        instance, language, ranks = (torch.cat(column) for column in zip(*rows, strict=True))
         variance, std, incomplete = functional.mean_rank_variance(instance, language, ranks, num_languages)
         scores[f"all/MRV_var/{direction}"] = variance
         scores[f"all/MRV_std/{direction}"] = std

@@ -63,7 +63,7 @@ def captions(gen, n=B, length=L):
 def train_batch(seed=0, weak=None, n=B):
     """A training batch: n instances, K languages each present; ``weak`` a list of bools."""
     gen = torch.Generator().manual_seed(seed)
-    ids, masks = zip(*(captions(gen, n) for _ in range(K)))
+    ids, masks = zip(*(captions(gen, n) for _ in range(K)), strict=True)
     batch = {"images": torch.randn(n, 3, IMAGE, IMAGE, generator=gen),
              "input_ids": torch.stack(ids, 1), "attention_mask": torch.stack(masks, 1),
              "present": torch.ones(n, K, dtype=torch.bool), "languages": list(LANGUAGES),

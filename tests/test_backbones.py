@@ -210,7 +210,7 @@ def test_caption_corruptions_leave_the_tokenizer_and_backbones_alone(dm, monkeyp
     noisy.setup("fit")
     clean_train, noisy_train = dm.records("train"), noisy.records("train")
     assert [r.id for r in noisy_train] == [r.id for r in clean_train]
-    assert any(a.captions != b.captions for a, b in zip(clean_train, noisy_train))
+    assert any(a.captions != b.captions for a, b in zip(clean_train, noisy_train, strict=True))
     assert backbones.tokenizer_digest(noisy.tokenizer) == backbones.tokenizer_digest(dm.tokenizer)
     monkeypatch.setattr(backbones, "pretrain_text", refuse)
     monkeypatch.setattr(backbones, "pretrain_image", refuse)

@@ -305,3 +305,11 @@ def test_every_evaluation_encoder_call_has_its_loaders_batch_shape(fake_report):
         torch.testing.assert_close(call["image_emb"], ToyMethod.encode_images(module, data.images) + 4)
         torch.testing.assert_close(call["text_emb"],
                                    ToyMethod.encode_texts(module, data.ids, (data.ids != 0).long()) + 5)
+
+
+def test_a_last_stage_that_builds_no_retrieval_module_is_an_error_naming_it():
+    from experiments.train import last_report
+
+    stage = Stage("translate", build=lambda previous: L.LightningModule(), dataloader=lambda dm: None)
+    with pytest.raises(TypeError, match="stage 'translate' built a LightningModule; the last stage must"):
+        last_report(stage.build(None), stage)

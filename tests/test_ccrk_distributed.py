@@ -59,5 +59,5 @@ def test_two_processes_match_one_process_with_the_global_batch(tmp_path):
         for rank in range(WORLD):
             loss, grads = torch.load(tmp_path / f"rank{rank}.pt")[weighting]
             assert torch.allclose(loss, expected_loss, atol=1e-6)
-            for grad, expected in zip(grads, expected_grads):
+            for grad, expected in zip(grads, expected_grads, strict=True):
                 assert torch.allclose(grad, expected, atol=1e-6)

@@ -57,7 +57,7 @@ def evaluate(module, rerank_k):
             cache = (module.image_cache(images[part]) if side == "images"
                      else module.text_cache(ids[part], mask[part]))
             evaluation.update(side, part, emb[part], cache if rerank_k else None)
-    return evaluation.compute(caption_image=caption_image, caption_language=[l for l in LANGUAGES for _ in range(N)],
+    return evaluation.compute(caption_image=caption_image, caption_language=[lang for lang in LANGUAGES for _ in range(N)],
                               image_ids=[str(i) for i in range(N)], build_reranker=module.reranker)
 
 

@@ -1,8 +1,9 @@
 """Config composition: presets by name, struct-mode overrides, one-line errors."""
 
 import pytest
+from omegaconf import OmegaConf
 
-from experiments.config import ConfigError, available, compose, method_label
+from experiments.config import ConfigError, available, compose, method_label, typed
 
 
 def test_defaults_compose_every_group():
@@ -94,3 +95,10 @@ def test_the_cpu_preset_takes_the_methods_thread_count_and_it_is_execution_only(
     assert compose(["method=rc3", "trainer=gpu"]).trainer.cpu_threads is None  # torch's default
     one_thread = compose(["method=rc3", "method.cpu_threads=1", "trainer.cpu_threads=1"])
     assert config_fingerprint(one_thread) == config_fingerprint(rc3)  # same experiment, same row
+
+
+def test_a_stored_config_that_is_a_yaml_list_is_a_one_line_error_naming_the_file(tmp_path):
+    path = tmp_path / "config.yaml"
+    path.write_text("- seed: 1\n")
+    with pytest.raises(ConfigError, match=r"config\.yaml: a configuration is a mapping"):
+        typed(OmegaConf.load(path), str(path))

@@ -119,7 +119,7 @@ def test_eval_view_indexes_every_caption(dm):
     assert view.languages == LANGUAGES
     assert len(view.caption_language) == view.caption_image.shape[0] == 10 * 6 * 5
     assert view.caption_image.dtype == torch.long
-    for text, image, lang in zip(view.captions, view.caption_image.tolist(), view.caption_language):
+    for text, image, lang in zip(view.captions, view.caption_image.tolist(), view.caption_language, strict=True):
         assert text in records[image].captions[lang]
     assert view.relevance.shape == (10, 10) and torch.allclose(
         view.relevance.diag(), torch.ones(10)
@@ -145,7 +145,7 @@ def test_a_sliced_split_evaluates_its_first_records_only(dm, tmp_path):
     full, view = dm.eval_view("test"), sliced.eval_view("test")
     assert view.image_ids == full.image_ids[:4]
     keep = full.caption_image < 4
-    assert view.captions == [t for t, k in zip(full.captions, keep.tolist()) if k]
+    assert view.captions == [t for t, k in zip(full.captions, keep.tolist(), strict=True) if k]
     assert torch.equal(view.caption_image, full.caption_image[keep])
     assert torch.equal(view.relevance, full.relevance[:4, :4])
     assert len(sliced.records("train")) == len(dm.records("train"))
@@ -179,7 +179,7 @@ def test_parallel_view_pairs_translations_one_pair_per_batch(dm):
     corpus = synthetic.parallel_text_dir(Path(dm.image_root).parent / synthetic.PRETRAIN)
     lines = {lang: (corpus / f"{lang}.txt").read_text(encoding="utf-8").splitlines()
              for lang in LANGUAGES}
-    translations = {(src, tgt): set(zip(lines[src], lines[tgt])) for src, tgt in pairs}
+    translations = {(src, tgt): set(zip(lines[src], lines[tgt], strict=True)) for src, tgt in pairs}
     for src, tgt, texts in dataset.batches:
         assert 0 < len(texts) <= 8 and set(texts) <= translations[src, tgt]
     assert sum(len(t) for s, g, t in dataset.batches if (s, g) == ("en", "fr")) == 8 * (
@@ -243,7 +243,7 @@ def test_a_reader_dataset_through_the_same_path(tmp_path):
     assert module.info.num_objects == 0 and len(module.records("train")) == 4
     batches = list(module.train_dataloader())
     assert len(batches) == 2 and "objects" not in batches[0] and "alignment_weak" not in batches[0]
-    present = {i: p.tolist() for b in batches for i, p in zip(b["ids"], b["present"])}
+    present = {i: p.tolist() for b in batches for i, p in zip(b["ids"], b["present"], strict=True)}
     assert present["images/4"] == [True, False] and present["images/0"] == [True, True]
     assert batches[0]["images"].shape == (2, 3, 32, 32)
     assert len(module.train_dataloader(languages=["ja"]).dataset) == 3  # images/4 has no ja

@@ -31,7 +31,7 @@ def same_with_meta_default(compute):
     torch.manual_seed(0)
     with torch.device("meta"):
         got = compute()
-    for name, (a, b) in zip(expected, zip(expected.values(), got.values())):
+    for name, (a, b) in zip(expected, zip(expected.values(), got.values(), strict=True), strict=True):
         assert b.device.type == "cpu", name
         assert torch.equal(a, b), name
 

@@ -46,7 +46,7 @@ def same_under_autocast(compute):
     expected = compute()
     with bf16_autocast():
         got = compute()
-    for a, b in zip(expected, got):
+    for a, b in zip(expected, got, strict=True):
         assert b.dtype == torch.float32
         torch.testing.assert_close(b, a, **FP32)
 
@@ -71,7 +71,7 @@ def test_one_to_k_under_autocast_equals_fp32():
 def test_hard_sampling_weights_under_autocast_equal_fp32():
     images, texts = unit_rows(6), unit_rows(18, seed=1)
     for mode in ("reference", "paper"):
-        def weights():
+        def weights(mode=mode):
             out = sampling_weights(images, texts, torch.tensor(TAU), mode)
             return [out.positive, out.negative_text, out.negative_image]
 

@@ -153,7 +153,10 @@ def test_ctl_sends_gradient_through_both_source_and_target():
 
 def test_ctl_matches_symmetric_info_nce_at_temperature_point_one():
     src, tgt = torch.randn(3, 5, 8), torch.randn(3, 4, 8)
-    ones = lambda t: torch.ones(t.shape[:2], dtype=torch.long)
+
+    def ones(t):
+        return torch.ones(t.shape[:2], dtype=torch.long)
+
     expected = info_nce(F.normalize(src.mean(1), dim=-1), F.normalize(tgt.mean(1), dim=-1), 0.1)
     assert contrastive_translation_loss(src, ones(src), tgt, ones(tgt)).item() == pytest.approx(expected.item(), rel=1e-5)
 

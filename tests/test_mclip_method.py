@@ -236,12 +236,17 @@ def test_training_prefers_the_true_pairing_to_a_shuffled_one():
 
 
 def test_inverse_sqrt_schedule_matches_the_trikd_numbers():
-    lr = lambda step: 1e-2 * inverse_sqrt_factor(step, 500, 500, 1e-7 / 1e-2)
+    def lr(step):
+        return 1e-2 * inverse_sqrt_factor(step, 500, 500, 1e-7 / 1e-2)
+
     assert lr(0) == pytest.approx(1e-7)
     assert lr(250) == pytest.approx(5.0e-3, rel=1e-4)
     assert lr(500) == pytest.approx(1e-2)
     assert lr(2000) == pytest.approx(5e-3)
-    no_warmup = lambda step: 1e-4 * inverse_sqrt_factor(step, 0, 10, 1.0)
+
+    def no_warmup(step):
+        return 1e-4 * inverse_sqrt_factor(step, 0, 10, 1.0)
+
     assert no_warmup(0) == no_warmup(10) == 1e-4 and no_warmup(40) == pytest.approx(5e-5)
 
 

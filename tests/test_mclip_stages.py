@@ -98,10 +98,14 @@ def test_a_stage_resumed_from_its_checkpoint_continues_where_it_stopped(stage, t
     data = replace(DATA, backbones=copy.deepcopy(DATA.backbones))  # the MTE (world's text) without dropout
     data.backbones["text"]["config"].update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
     if stage == "trikd":
-        build = lambda: MCLIP(method_config(**quiet), BASE.optim, data, BASE.evaluation)
+        def build():
+            return MCLIP(method_config(**quiet), BASE.optim, data, BASE.evaluation)
+
         batches = [image_batch(seed=1)]
     else:
-        build = lambda: build_mte_stage(method_config(**quiet), BASE.optim, data, BASE.evaluation, True)
+        def build():
+            return build_mte_stage(method_config(**quiet), BASE.optim, data, BASE.evaluation, True)
+
         batches = [parallel_batch(seed=1)]
     # one batch per epoch: Lightning restarts a plain loader's epoch on resume, so only then is the
     # data order of the resumed run the same as the uninterrupted one

@@ -29,7 +29,7 @@ def test_per_image_relevance_equals_the_dense_reference(gain, k):
     image, text, caption_image, relevance = graded_world()
     images = torch.arange(len(image))
     for query, items in ((image, images), (text, caption_image)):
-        dense = dense_graded_ndcg(query, query, lambda a, b: relevance[items[a:b]][:, items],
+        dense = dense_graded_ndcg(query, query, lambda a, b, items=items: relevance[items[a:b]][:, items],
                                   k=k, exclude_self=True, gain=gain, chunk_size=16)
         fast = graded_ndcg(query, query, items, items, relevance, k=k, exclude_self=True, gain=gain,
                            chunk_size=16)
@@ -60,7 +60,7 @@ def test_inputs_are_never_modified(gain):
     items = torch.arange(len(image))
     graded_ndcg(image, image, items, items, relevance, exclude_self=True, gain=gain)
     graded_ndcg(text, text, caption_image, caption_image, relevance, exclude_self=True, gain=gain)
-    for tensor, copy in zip(inputs, before):
+    for tensor, copy in zip(inputs, before, strict=True):
         assert torch.equal(tensor, copy)
 
 

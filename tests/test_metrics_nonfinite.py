@@ -57,3 +57,8 @@ def test_non_finite_relevance_or_rank_is_an_error():
         graded_ndcg(emb, emb, torch.arange(3), torch.arange(3), relevance)
     with pytest.raises(ValueError, match=r"MRV: 1 non-finite rank"):
         mean_rank_variance(torch.arange(2), torch.zeros(2, dtype=torch.long), torch.tensor([0.0, float("nan")]), 1)
+
+
+def test_rank_engine_without_scores_or_embeddings_is_an_error_naming_the_direction():
+    with pytest.raises(ValueError, match="t2i: give either scores or both query and candidate embeddings"):
+        rank_and_ndcg(torch.randn(4, 3), None, torch.arange(4), torch.arange(6) % 4, direction="t2i")

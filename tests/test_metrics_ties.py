@@ -21,7 +21,7 @@ def enumerated_expectations(scores: torch.Tensor, positive: torch.Tensor, ks=(1,
     num_candidates = scores.shape[1]
     orders = list(itertools.permutations(range(num_candidates)))
     per_query = []
-    for row, wanted in zip(scores.tolist(), positive.tolist()):
+    for row, wanted in zip(scores.tolist(), positive.tolist(), strict=True):
         hits = {k: Fraction(0) for k in ks}
         reciprocal, rank_sum = Fraction(0), Fraction(0)
         for order in orders:  # order[c]: the tie-break key of candidate c

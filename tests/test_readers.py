@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from datamodules.readers import names, read_dataset, splits
+from datamodules.readers.parallel_text import read_parallel_text
 from datamodules.records import Record, read_records, write_records
 
 FIXTURES = Path(__file__).parent / "fixtures"
@@ -427,3 +428,10 @@ def test_cc3m_bad_line_is_named(tmp_path, obj, message):
 def test_cc3m_split_without_shards_is_named(tmp_path):
     with pytest.raises(FileNotFoundError, match=r"val: no shard files"):
         read_dataset("cc3m_jsonl", tmp_path, "val")
+
+
+def test_a_parallel_text_header_naming_a_language_twice_up_to_spaces_is_an_error(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("en\ten \nhello\thallo\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"pairs\.tsv:1: the header must name distinct languages"):
+        read_parallel_text(path)

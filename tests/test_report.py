@@ -125,7 +125,7 @@ def test_each_listed_instance_shows_its_captions_and_ranks(runs, tmp_path):
     assert "data:image/png;base64," in card
     for column, lang in enumerate(LANGUAGES):
         first = next(i for i, (owner, c) in enumerate(zip(evaluated.caption_image.tolist(),
-                                                          evaluated.caption_language))
+                                                          evaluated.caption_language, strict=True))
                      if owner == image and c == lang)
         caption = evaluated.captions[first].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
         row = card[card.index(f"<td>{lang}</td>"):]
@@ -233,3 +233,14 @@ def test_spread_uses_only_the_mrv_languages(runs, tmp_path):
     assert np.nanmean(combined) == pytest.approx(record["metrics"]["all/MRV"], abs=1e-9)
     everything = (spread(i2t, [0, 1, 2]) + spread(t2i, [0, 1, 2])) / 2
     assert top_by(list(everything), evaluated.image_ids, TOP) != listed_ids(page, "inconsistent-0")
+
+
+def test_a_record_without_an_image_cannot_join_an_evaluated_set(tmp_path):
+    from datamodules.records import Record
+    from experiments.report.evaluated import EvaluatedSet
+
+    records = [Record("a", "a.png", {"en": ["one"]}), Record("b", None, {"en": ["two"]})]
+    with pytest.raises(ValueError, match="record 'b' has no image"):
+        EvaluatedSet.from_records(records, ["en"], tmp_path, None)
+    with pytest.raises(ValueError, match="holds no embeddings"):
+        EvaluatedSet.from_records(records[:1], ["en"], tmp_path, None).embeddings()

@@ -12,7 +12,6 @@ import torch
 
 from datamodules.synthetic import (
     PRETRAIN,
-    Scene,
     WorldKnobs,
     build_pretrain,
     build_world,
@@ -78,8 +77,8 @@ def test_every_language_covers_every_attribute_value():
     assert {"en", "de", "fr", "cs", "ja", "zh"} <= set(grammars.available())
     for code in grammars.available():
         for shape in SHAPES:
-            for colour, size, position, background in zip(
-                COLOURS, SIZES * 4, POSITIONS * 2, BACKGROUNDS * 2
+            for colour, size, position, background in zip(  # cycled: 8 rows hold every value
+                COLOURS, SIZES * 4, POSITIONS * 2, BACKGROUNDS * 2, strict=False
             ):
                 for frame in range(4):
                     plan = CaptionPlan((Mention(shape, colour, size, position),), background, frame)
@@ -182,12 +181,12 @@ def test_translation_noise_changes_only_non_english_train_captions(tmp_path):
         assert (clean / f"{split}.jsonl").read_bytes() == (noisy / f"{split}.jsonl").read_bytes()
     clean_train, noisy_train = load_split(clean, "train"), load_split(noisy, "train")
     changed = total = 0
-    for a, b in zip(clean_train, noisy_train):
+    for a, b in zip(clean_train, noisy_train, strict=True):
         assert a.captions["en"] == b.captions["en"] and a.extras == b.extras
         for code in a.captions:
             if code != "en":
                 total += 5
-                changed += sum(x != y for x, y in zip(a.captions[code], b.captions[code]))
+                changed += sum(x != y for x, y in zip(a.captions[code], b.captions[code], strict=True))
     assert changed / total > 0.8
     assert (clean / "images/train-00003.png").read_bytes() == (
         noisy / "images/train-00003.png"
@@ -286,8 +285,8 @@ def test_the_documented_language_example_works(monkeypatch, tmp_path):
         "Se ven un círculo rojo pequeño a la izquierda y un triángulo azul grande."
     )
     for shape in SHAPES:
-        for colour, size, position, background in zip(
-            COLOURS, SIZES * 4, POSITIONS * 2, BACKGROUNDS * 2
+        for colour, size, position, background in zip(  # cycled: 8 rows hold every value
+            COLOURS, SIZES * 4, POSITIONS * 2, BACKGROUNDS * 2, strict=False
         ):
             grammars.realise("es", plan((shape, colour, size, position), background=background))
 

@@ -85,7 +85,7 @@ def test_unequal_rows_on_two_processes_equal_one_process_with_all_rows(tmp_path)
             for name, (expected_loss, expected_grads) in expected.items():
                 loss, grads = results[split, name]
                 torch.testing.assert_close(loss, expected_loss, msg=f"{split} {name}")
-                for grad, reference in zip(grads, expected_grads):
+                for grad, reference in zip(grads, expected_grads, strict=True):
                     assert reference.abs().sum() > 0
                     torch.testing.assert_close(grad, reference, msg=f"{split} {name}")
 

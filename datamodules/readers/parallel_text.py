@@ -42,7 +42,7 @@ class ParallelText:
             )
         pairs = [
             (s.strip(), t.strip())
-            for s, t in zip(self.columns[src], self.columns[tgt])
+            for s, t in zip(self.columns[src], self.columns[tgt], strict=True)
         ]
         kept = [(s, t) for s, t in pairs if s and t]
         return kept, len(pairs) - len(kept)
@@ -90,9 +90,10 @@ def _read_tsv(file: Path) -> ParallelText:
     if not lines:
         raise ValueError(f"{file}:1: empty file; expected a header row of language codes")
     header = lines[0].split("\t")
-    if any(not lang.strip() for lang in header) or len(set(header)) != len(header):
+    languages = [lang.strip() for lang in header]
+    if not all(languages) or len(set(languages)) != len(languages):  # "en" and "en " are one
         raise ValueError(f"{file}:1: the header must name distinct languages, got {header}")
-    columns: dict[str, list[str]] = {lang.strip(): [] for lang in header}
+    columns: dict[str, list[str]] = {lang: [] for lang in languages}
     for line_no, line in enumerate(lines[1:], start=2):
         cells = line.split("\t")
         if len(cells) != len(header):
@@ -100,6 +101,6 @@ def _read_tsv(file: Path) -> ParallelText:
                 f"{file}:{line_no}: {len(cells)} cells but the header names {len(header)} "
                 f"languages {header}; the row is misaligned"
             )
-        for lang, cell in zip(columns, cells):
+        for lang, cell in zip(columns, cells, strict=True):
             columns[lang].append(cell)
     return ParallelText(str(file), columns)

@@ -67,7 +67,7 @@ def infill(ids: list[int], recipe: Seq2SeqRecipe, mask_id: int, rng: np.random.G
         start = int(rng.integers(0, max(1, len(content) - length + 1)))
         hidden[start:start + length] = True
     noised, previous_hidden = [], False
-    for token, masked in zip(content, hidden):
+    for token, masked in zip(content, hidden, strict=True):
         if not masked:
             noised.append(token)
         elif not previous_hidden:

@@ -48,7 +48,7 @@ class CaptionTable:
         texts = [t for r in records for lang in languages for t in r.captions[lang]]
         tokens = tokenizer(texts, max_length)
         lengths = tokens["attention_mask"].sum(1).tolist()
-        flat = [row[:n] for row, n in zip(tokens["input_ids"].tolist(), lengths)]
+        flat = [row[:n] for row, n in zip(tokens["input_ids"].tolist(), lengths, strict=True)]
         per_record = len(languages) * len(records[0].captions[languages[0]])
         self.rows = [flat[i : i + per_record] for i in range(0, len(flat), per_record)]
         self.captions = per_record // len(languages)

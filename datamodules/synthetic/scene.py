@@ -86,7 +86,7 @@ def sample_scene(
     regions = rng.sample(POSITIONS, count)
     objects = tuple(
         SceneObject(shape, colour, rng.choice(SIZES), region)
-        for (shape, colour), region in zip(kinds, regions)
+        for (shape, colour), region in zip(kinds, regions, strict=True)
     )
     extra = tuple(
         SceneObject(rng.choice(shapes), rng.choice(colours), "small", rng.choice(POSITIONS))

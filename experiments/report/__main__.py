@@ -32,7 +32,7 @@ def build_report(folders: list[Path], out: Path | None = None, top: int = TOP) -
         out = folders[0] / ("report" if len(folders) == 1 else f"report-vs-{folders[1].resolve().name}")
     out.mkdir(parents=True, exist_ok=True)
     rows = write_ranks_csv(out / "ranks.csv",
-                           [(run.name, run.evaluated, r) for run, r in zip(runs, ranks)])
+                           [(run.name, run.evaluated, r) for run, r in zip(runs, ranks, strict=True)])
     page = out / "report.html"
     write_atomic(page, render_page(runs, ranks, top))
     print(f"report: {page} ({rows} rank rows in {out / 'ranks.csv'})")

@@ -48,7 +48,7 @@ class EvaluatedSet:
                     caption_language.append(lang)
         return cls(
             image_ids=[r.id for r in records],
-            image_paths=[str(image_root / r.image) for r in records],
+            image_paths=[_image_path(r, image_root) for r in records],
             captions=captions,
             caption_image=torch.tensor(caption_image, dtype=torch.long),
             caption_language=caption_language,
@@ -75,6 +75,12 @@ class EvaluatedSet:
             raise ValueError(f"{path}: holds no embeddings")
         return evaluated
 
+    def embeddings(self) -> tuple[Tensor, Tensor]:
+        """``(image_emb, text_emb)``; an error for a set not encoded yet."""
+        if self.image_emb is None or self.text_emb is None:
+            raise ValueError("this evaluated set holds no embeddings (it was not encoded)")
+        return self.image_emb, self.text_emb
+
     def same_items(self, other: "EvaluatedSet") -> str | None:
         """Why two sets cannot be compared instance by instance (None when they can)."""
         if self.image_ids != other.image_ids:
@@ -84,3 +90,10 @@ class EvaluatedSet:
         if not torch.equal(self.caption_image, other.caption_image):
             return "their captions belong to different images"
         return None
+
+
+def _image_path(record: Record, image_root: Path) -> str:
+    """Where the record's image lies; a record without one cannot be evaluated."""
+    if record.image is None:
+        raise ValueError(f"record {record.id!r} has no image; every evaluated record needs one")
+    return str(image_root / record.image)

@@ -32,10 +32,10 @@ def _thumbnail(path: str) -> str:
     """The image as a small inline PNG, or a note when the file is gone."""
     try:
         with Image.open(path) as image:
-            image = image.convert("RGB")
-            image.thumbnail((THUMBNAIL, THUMBNAIL))
+            small = image.convert("RGB")
+            small.thumbnail((THUMBNAIL, THUMBNAIL))
             buffer = io.BytesIO()
-            image.save(buffer, format="PNG")
+            small.save(buffer, format="PNG")
     except OSError:
         return f'<div class="small">image not readable:<br>{escape(path)}</div>'
     data = base64.b64encode(buffer.getvalue()).decode()
@@ -101,15 +101,16 @@ def _spread(runs: list[Run], ranks: list[InstanceRanks]) -> str:
     for direction in DIRECTIONS:
         spreads = [[float(v) for v in r.spread(direction) if not math.isnan(v)] for r in ranks]
         upper = max((max(s) for s in spreads if s), default=1.0)
-        labels, series = None, []
-        for run, values in zip(runs, spreads):
+        labels: list[str] = []  # the same bins for every run
+        series = []
+        for run, values in zip(runs, spreads, strict=True):
             labels, counts = histogram_bins(values, BINS, upper)
             series.append((run.name, counts))
         title = {"i2t": "image→text (TR)", "t2i": "text→image (IR)"}[direction]
         parts.append(grouped_bars(labels, series, y_label="images", title=f"{title}: images per spread",
                                   value_format="{:.0f}"))
         notes = []
-        for run, values in zip(runs, spreads):
+        for run, values in zip(runs, spreads, strict=True):
             mean = sum(values) / len(values) if values else math.nan
             recorded = run.record["metrics"].get(f"all/MRV_std/{direction}")
             notes.append(f"{escape(run.name)}: mean spread {mean:.4f} over {len(values)} images; "
@@ -150,7 +151,7 @@ def _instance(image: int, runs: list[Run], ranks: list[InstanceRanks], headline:
 
 def _inconsistent(runs: list[Run], ranks: list[InstanceRanks], top: int) -> str:
     parts = []
-    for index, (run, r) in enumerate(zip(runs, ranks)):
+    for index, (run, r) in enumerate(zip(runs, ranks, strict=True)):
         spread = r.combined_spread()
         chosen = most_inconsistent(r, top)
         parts.append(f'<h2 id="inconsistent-{index}">{escape(run.name)}: the {len(chosen)} images whose '

@@ -53,10 +53,11 @@ def instance_ranks(evaluated: EvaluatedSet, chunk_size: int = 1024) -> InstanceR
     t2i = torch.full(shape, math.nan, dtype=torch.float64)
     first_caption = torch.full(shape, -1, dtype=torch.long)
     language_of = evaluated.caption_language
+    image_emb, text_emb = evaluated.embeddings()
     for column, lang in enumerate(evaluated.languages):
         captions = torch.tensor([i for i, c in enumerate(language_of) if c == lang], dtype=torch.long)
         owners = evaluated.caption_image[captions]
-        paired = paired_ranks(evaluated.image_emb, evaluated.text_emb[captions], owners,
+        paired = paired_ranks(image_emb, text_emb[captions], owners,
                               chunk_size=chunk_size)
         queries = paired.i2t_rank[:, HIGHER] >= 0
         i2t[queries, column] = expected_rank(paired.i2t_rank[queries]) + 1
@@ -119,5 +120,5 @@ def write_ranks_csv(path: Path, runs: list[tuple[str, EvaluatedSet, InstanceRank
 
 def _number(value: Tensor) -> str:
     """A float as CSV text: exact repr, empty for NaN."""
-    value = float(value)
-    return "" if math.isnan(value) else repr(value)
+    number = float(value)
+    return "" if math.isnan(number) else repr(number)

@@ -66,8 +66,9 @@ def load_run(folder: Path) -> Run:
     embeddings = folder / EMBEDDINGS
     evaluated = EvaluatedSet.load(embeddings) if embeddings.is_file() else encode_trained(folder, record)
     evaluation = record["config"].get("evaluation", {})
+    image_emb, text_emb = evaluated.embeddings()
     recomputed = retrieval_report(
-        evaluated.image_emb, evaluated.text_emb, evaluated.caption_image, evaluated.caption_language,
+        image_emb, text_emb, evaluated.caption_image, evaluated.caption_language,
         evaluated.image_ids, ks=tuple(evaluation.get("ks", (1, 5, 10))),
         ndcg_k=evaluation.get("ndcg_k", 10), chunk_size=evaluation.get("chunk_size", 1024),
         mrv_languages=evaluated.mrv_languages,
@@ -80,7 +81,7 @@ def load_run(folder: Path) -> Run:
 def encode_trained(folder: Path, record: dict) -> EvaluatedSet:
     """The test view of a trained run, encoded by its checkpoint's dual encoder."""
     from experiments.config import typed
-    from experiments.train import build_datamodule, stages_of
+    from experiments.train import build_datamodule, evaluated_module, stages_of
 
     checkpoint = record.get("checkpoint")
     if not checkpoint:
@@ -92,7 +93,8 @@ def encode_trained(folder: Path, record: dict) -> EvaluatedSet:
     cfg = typed(OmegaConf.load(config_path), str(config_path))
     data = build_datamodule(cfg, roles=("test",))
     view = data.eval_view("test")
-    module = stages_of(cfg, data)[-1].build(None)
+    stage = stages_of(cfg, data)[-1]
+    module = evaluated_module(stage.build(None), stage)
     module.load_state_dict(load_checkpoint(checkpoint)["state_dict"])
     module.eval()
     batch_size = int(cfg.data.eval_batch_size)

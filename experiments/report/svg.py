@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from html import escape
 
 PALETTE = ("#3b6fb6", "#e08a2c", "#5aa469", "#c4455b", "#7d5ba6", "#8c8c8c")
 
 
-def grouped_bars(groups: list[str], series: list[tuple[str, list[float | None]]], *, y_label: str,
+def grouped_bars(groups: list[str], series: Sequence[tuple[str, Sequence[float | None]]], *, y_label: str,
                  y_max: float | None = None, title: str = "", value_format: str = "{:.1f}") -> str:
     """Bars for each group (x axis), one bar per series; ``None`` draws no bar. Returns ``<svg>``."""
     values = [v for _, vs in series for v in vs if v is not None]
@@ -24,10 +25,10 @@ def grouped_bars(groups: list[str], series: list[tuple[str, list[float | None]]]
         parts.append(f'<text x="{left}" y="14" font-size="13" font-weight="bold">{escape(title)}</text>')
     y0 = 24
     for tick in range(5):
-        value = top * tick / 4
+        tick_value = top * tick / 4
         y = y0 + height - height * tick / 4
         parts.append(f'<line x1="{left}" x2="{width - 10}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ddd"/>')
-        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{value:.3g}</text>')
+        parts.append(f'<text x="{left - 6}" y="{y + 4:.1f}" text-anchor="end">{tick_value:.3g}</text>')
     parts.append(f'<text transform="translate(12,{y0 + height / 2}) rotate(-90)" '
                  f'text-anchor="middle">{escape(y_label)}</text>')
     for g, group in enumerate(groups):

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, is_dataclass
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, cast
 
 import lightning as L
 import torch
@@ -60,7 +60,9 @@ class RetrievalModule(L.LightningModule):
     # training, not a bit-for-bit repeat of a fixed-padding run. Methods not checked refuse it.
     caption_length_invariant = False
 
-    def __init__(self, method, optim, data, evaluation):
+    method_name: ClassVar[str]  # the name it is registered under (``methods.register``)
+
+    def __init__(self, method, optim, data, evaluation) -> None:
         super().__init__()
         # Plain containers: checkpoints load with weights_only=True and rebuild the module.
         self.save_hyperparameters(
@@ -195,7 +197,14 @@ class RetrievalModule(L.LightningModule):
             emb = self.encode_texts(batch["input_ids"], batch["attention_mask"])
             cache = self.text_cache(batch["input_ids"], batch["attention_mask"]) if rerank else None
         self.eval_batch = None
-        self.evaluation.update(side, batch["index"][:count], emb[:count].float(), first_rows(cache, count))
+        self._current_evaluation().update(side, batch["index"][:count], emb[:count].float(), first_rows(cache, count))
+
+    def _current_evaluation(self) -> metrics.RetrievalEvaluation:
+        """The evaluation the epoch's start hook created; an error outside an evaluation epoch."""
+        if self.evaluation is None:
+            raise RuntimeError("no evaluation in progress: on_validation_epoch_start or "
+                               "on_test_epoch_start did not run")
+        return self.evaluation
 
     def _eval_batch_size(self, dataloader_idx: int) -> int | None:
         loaders = self.trainer.test_dataloaders if self.trainer.testing else self.trainer.val_dataloaders
@@ -214,9 +223,10 @@ class RetrievalModule(L.LightningModule):
         """Score the split from every process's rows (``metrics.RetrievalEvaluation``) and log it."""
         if self.trainer.sanity_checking:
             return
-        view = self.trainer.datamodule.eval_view(split)
+        # Lightning assigns Trainer.datamodule at run time without declaring it on the class.
+        view = self.trainer.datamodule.eval_view(split)  # type: ignore[attr-defined]
         try:
-            report = self.evaluation.compute(
+            report = self._current_evaluation().compute(
                 caption_image=view.caption_image,
                 caption_language=view.caption_language,
                 image_ids=view.image_ids,
@@ -238,12 +248,12 @@ def load_state(path: Path) -> dict[str, Tensor]:
 
 def _plain(config: Any) -> dict:
     """A config (DictConfig, dict, or DataInfo as a dataclass or namespace) as a plain dict."""
-    if is_dataclass(config):
+    if is_dataclass(config) and not isinstance(config, type):
         return asdict(config)
     if isinstance(config, SimpleNamespace):
         return dict(vars(config))
     if isinstance(config, DictConfig):
-        return OmegaConf.to_container(config, resolve=True)
+        return cast(dict, OmegaConf.to_container(config, resolve=True))  # a mapping gives a dict
     return dict(config)
 
 

@@ -85,7 +85,7 @@ class _GatherWithGrad(torch.autograd.Function):
         parts = [torch.empty_like(padded) for _ in layout.counts]
         dist.all_gather(parts, padded)
         ctx.layout = layout
-        return torch.cat([part[:count] for part, count in zip(parts, layout.counts)])
+        return torch.cat([part[:count] for part, count in zip(parts, layout.counts, strict=True)])
 
     @staticmethod
     def backward(ctx, grad: Tensor) -> tuple[Tensor, None]:

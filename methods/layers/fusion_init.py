@@ -34,6 +34,6 @@ def fusion_from_hf_layers(layers: Sequence[nn.Module], width: int, image_dim: in
                           mlp_ratio: float) -> FusionEncoder:
     """A FusionEncoder with one fusion layer per given HF layer, seeded from it."""
     fusion = FusionEncoder(width, image_dim, layers=len(layers), heads=heads, mlp_ratio=mlp_ratio)
-    for target, source in zip(fusion.layers, layers):
+    for target, source in zip(fusion.layers, layers, strict=True):
         copy_hf_layer(target, source)
     return fusion

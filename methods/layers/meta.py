@@ -49,7 +49,7 @@ def average_over_processes(tensors: list[Tensor]) -> None:
     flat = torch.cat([t.reshape(-1) for t in tensors])
     dist.all_reduce(flat)
     flat /= processes
-    for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors])):
+    for tensor, part in zip(tensors, flat.split([t.numel() for t in tensors]), strict=True):
         tensor.copy_(part.view_as(tensor))
 
 
@@ -79,7 +79,7 @@ def meta_objective(
                                     create_graph=second_order)
     else:  # a constant meta-train loss: no step
         grads = (None,) * len(names)
-    grads = dict(zip(names, grads))
+    grads = dict(zip(names, grads, strict=True))
     if not second_order:
         grads = {name: None if g is None else g.detach() for name, g in grads.items()}
         average_over_processes([g for g in grads.values() if g is not None])
