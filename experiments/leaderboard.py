@@ -25,9 +25,9 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from datamodules.readers._files import decode_utf8
 from experiments import cli
 from experiments.config import ConfigError, typed
-from datamodules.readers._files import decode_utf8
 from experiments.runs import config_fingerprint, experiment_settings
 from metrics.protocol import METRIC_PROTOCOL
 

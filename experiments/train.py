@@ -43,6 +43,7 @@ from experiments.trainer import (
     configure_threads,
     free_log_version,
 )
+from experiments.world_encoders import check_world_encoders
 from methods.layers.base import Stage
 
 DONE = "done.ckpt"
@@ -121,6 +122,7 @@ def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage
 
 def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
+    check_world_encoders(cfg)
     configure_threads(cfg)
     with claim_run_dir(cfg) as run_dir:
         if cfg.ckpt_path == "last":
