@@ -38,6 +38,7 @@ from experiments import cli
 from experiments.config import ConfigError, compose
 from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
 from experiments.runs import claim_run_dir, run_record, strict_json, write_atomic
+from methods.layers.encoders import load_state_dict_file
 
 LIBRARIES = ("open_clip", "hf")
 PROTOCOL = "zero-shot"
@@ -101,11 +102,15 @@ class OpenClipEncoder:
     def __init__(self, spec: ModelSpec, device: torch.device):
         import open_clip
 
+        weights = [Path(spec.pretrained)] if spec.pretrained and Path(spec.pretrained).is_file() else []
         if spec.name.startswith("local-dir:"):
             folder = Path(spec.name.removeprefix("local-dir:"))
-            if not any(any(folder.glob(p)) for p in ("*.safetensors", "*.bin", "*.pth")):
+            weights = sorted(f for p in ("*.safetensors", "*.bin", "*.pth") for f in folder.glob(p))
+            if not weights:
                 raise ConfigError(f"{folder} holds no open_clip weights (*.safetensors, *.bin, "
                                   "*.pth); open_clip would build random weights")
+        for path in weights:  # open_clip reads them unchecked: a foreign or truncated file is named
+            load_state_dict_file(path)
         self.model, _, self.transform = open_clip.create_model_and_transforms(
             spec.name, pretrained=spec.pretrained, device=device)
         self.model.eval()
