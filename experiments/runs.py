@@ -225,8 +225,9 @@ def write_atomic(path: Path, text: str) -> None:
         staging.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A suite checkpoint, loaded with ``weights_only=True`` (no pickled code ever runs)."""
+def load_checkpoint(path: str | Path, method: str | None = None) -> dict[str, Any]:
+    """A suite checkpoint, loaded with ``weights_only=True`` (no pickled code ever runs); with
+    ``method``, one written by that method (``hyper_parameters.method.name``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"checkpoint {path} does not exist")
@@ -237,7 +238,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not a suite checkpoint ({type(err).__name__}: {reason})") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ConfigError(f"{path} is not a suite checkpoint (it has no state_dict)")
+    if method is not None:
+        check_checkpoint_method(checkpoint, path, method)
     return checkpoint
+
+
+def check_checkpoint_method(checkpoint: dict[str, Any], path: str | Path, method: str) -> None:
+    """The checkpoint's recorded method (``hyper_parameters.method.name``) must be ``method``."""
+    recorded = ((checkpoint.get("hyper_parameters") or {}).get("method") or {}).get("name")
+    if recorded is not None and recorded != method:
+        raise ConfigError(f"{path} is a checkpoint of method '{recorded}', not of this run's "
+                          f"method '{method}' (method.name)")
 
 
 def git_commit() -> str:

@@ -130,7 +130,7 @@ def train(cfg: DictConfig) -> Path:
                 load_checkpoint(path)
         else:
             if cfg.ckpt_path is not None:
-                load_checkpoint(cfg.ckpt_path)
+                load_checkpoint(cfg.ckpt_path, method=cfg.method.name)
             save_config(cfg, run_dir)
         data = build_datamodule(cfg)
         stages = stages_of(cfg, data)

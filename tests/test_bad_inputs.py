@@ -1,0 +1,54 @@
+"""Inputs a user can get wrong outside the data files: a checkpoint of another method, a full disk,
+a read-only run folder, a GPU preset on a machine without one. Each is a one-line ``error:`` naming
+the file or the key, before any data is read where the config alone decides."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from experiments import evaluate as evaluate_cli
+from experiments import train as train_cli
+from experiments.config import compose
+from experiments.runs import save_config
+
+
+NO_DATA = ["data=multi30k", "data.root=/no/such/dataset"]  # any read would fail: none may happen
+
+
+def run_cli(main, args, capsys) -> str:
+    with pytest.raises(SystemExit) as stop:
+        main(args)
+    err = capsys.readouterr().err.strip()
+    assert stop.value.code == 2 and len(err.splitlines()) == 1, err
+    return err
+
+
+def checkpoint_of(method: str, path: Path) -> Path:
+    """A weights-only checkpoint as Lightning writes it for a module of ``method``."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    torch.save({"state_dict": {"logit_scale": torch.zeros(())}, "global_step": 3,
+                "hyper_parameters": {"method": {"name": method}}}, path)
+    return path
+
+
+def test_training_from_a_checkpoint_of_another_method_is_refused_before_any_data(tmp_path, capsys):
+    ckpt = checkpoint_of("clip", tmp_path / "clip.ckpt")
+    err = run_cli(train_cli.main, ["method=ccrk_paper", f"ckpt_path={ckpt}", *NO_DATA,
+                                   f"run_dir={tmp_path / 'runs'}"], capsys)
+    assert err == (f"error: {ckpt} is a checkpoint of method 'clip', not of this run's method "
+                   "'ccrk' (method.name)")
+
+
+def test_evaluating_a_checkpoint_of_another_method_is_refused_before_any_data(tmp_path, capsys):
+    run = tmp_path / "runs" / "synthetic" / "ccrk" / "x"
+    run.mkdir(parents=True)
+    save_config(compose(["method=ccrk_paper", *NO_DATA]), run)
+    ckpt = checkpoint_of("clip", run / "checkpoints" / "last.ckpt")
+    err = run_cli(evaluate_cli.main, [f"ckpt={ckpt}"], capsys)
+    assert err == (f"error: {ckpt} is a checkpoint of method 'clip', not of this run's method "
+                   "'ccrk' (method.name)")
