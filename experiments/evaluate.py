@@ -20,7 +20,7 @@ from experiments import cli
 from experiments.config import ConfigError, apply_overrides, typed
 from experiments.runs import check_checkpoint_method, load_checkpoint, scorer_label, write_metrics
 from experiments.train import StageData, build_datamodule, stages_of
-from experiments.trainer import build_trainer, configure_threads
+from experiments.trainer import build_trainer, check_accelerator, configure_threads
 
 
 def find_run_dir(ckpt: Path) -> Path:
@@ -39,6 +39,7 @@ def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> 
     stored = typed(OmegaConf.load(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
     cfg: DictConfig = apply_overrides(stored, overrides)
     check_checkpoint_method(checkpoint, ckpt, cfg.method.name)
+    check_accelerator(cfg)
     state = checkpoint["state_dict"]
     configure_threads(cfg)
     data = build_datamodule(cfg, roles=(split,))

@@ -40,6 +40,7 @@ from experiments.trainer import (
     Throughput,
     TrainingPosition,
     build_trainer,
+    check_accelerator,
     configure_threads,
     free_log_version,
 )
@@ -123,6 +124,7 @@ def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage
 def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
     check_world_encoders(cfg)
+    check_accelerator(cfg)
     configure_threads(cfg)
     with claim_run_dir(cfg) as run_dir:
         if cfg.ckpt_path == "last":

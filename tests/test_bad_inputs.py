@@ -52,3 +52,25 @@ def test_evaluating_a_checkpoint_of_another_method_is_refused_before_any_data(tm
     err = run_cli(evaluate_cli.main, [f"ckpt={ckpt}"], capsys)
     assert err == (f"error: {ckpt} is a checkpoint of method 'clip', not of this run's method "
                    "'ccrk' (method.name)")
+
+
+def test_the_gpu_preset_without_a_gpu_is_refused_before_any_data(tmp_path, capsys, monkeypatch):
+    from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
+
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
+    monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: False))
+    err = run_cli(train_cli.main, ["method=ccrk_paper", "trainer=gpu", *NO_DATA,
+                                   f"run_dir={tmp_path / 'runs'}"], capsys)
+    assert err == ("error: trainer.accelerator=gpu (TRAINER=gpu) but this machine has no GPU that "
+                   "torch can use; use TRAINER=cpu (trainer=cpu)")
+    assert not (tmp_path / "runs").exists()
+
+
+def test_more_gpus_than_the_machine_has_are_refused_naming_the_key(tmp_path, capsys, monkeypatch):
+    from lightning.pytorch.accelerators import CUDAAccelerator
+
+    monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))
+    monkeypatch.setattr(CUDAAccelerator, "auto_device_count", staticmethod(lambda: 1))
+    err = run_cli(train_cli.main, ["method=ccrk_paper", "trainer=gpu", "trainer.devices=4", *NO_DATA,
+                                   f"run_dir={tmp_path / 'runs'}"], capsys)
+    assert err == "error: trainer.devices=4 asks for 4 GPUs but this machine has 1"
