@@ -221,8 +221,17 @@ def write_atomic(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(staging, path)
+    except OSError as err:
+        raise naming(err, path) from None
     finally:
         staging.unlink(missing_ok=True)
+
+
+def naming(err: OSError, path: Path) -> OSError:
+    """``err`` with ``path`` as its file when it names none (a write that fails on a full disk)."""
+    if err.filename is not None:
+        return err
+    return type(err)(err.errno, err.strerror, str(path))
 
 
 def load_checkpoint(path: str | Path, method: str | None = None) -> dict[str, Any]:

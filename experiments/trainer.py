@@ -39,6 +39,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with open(staging, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(staging, path)
+        except OSError as err:  # a full disk: name the checkpoint, not the staging file
+            raise OSError(err.errno, err.strerror, str(path)) from None
         finally:
             staging.unlink(missing_ok=True)
 

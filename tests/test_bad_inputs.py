@@ -74,3 +74,46 @@ def test_more_gpus_than_the_machine_has_are_refused_naming_the_key(tmp_path, cap
     err = run_cli(train_cli.main, ["method=ccrk_paper", "trainer=gpu", "trainer.devices=4", *NO_DATA,
                                    f"run_dir={tmp_path / 'runs'}"], capsys)
     assert err == "error: trainer.devices=4 asks for 4 GPUs but this machine has 1"
+
+
+def no_space(*args, **kwargs):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+
+def test_a_full_disk_while_writing_a_result_names_the_file(tmp_path, capsys, monkeypatch):
+    from experiments import cli
+    from experiments.runs import write_atomic
+
+    target = tmp_path / "run" / "metrics.json"
+    monkeypatch.setattr("experiments.runs.os.fsync", no_space)
+    err = run_cli(lambda argv: cli.run(lambda args: write_atomic(target, "{}"), argv), [], capsys)
+    assert err == (f"error: {target}: No space left on device; free space, or write the run "
+                   "elsewhere (run_dir=<folder>)")
+    assert list(target.parent.iterdir()) == []  # no partial file is left behind
+
+
+def test_a_full_disk_while_saving_a_checkpoint_names_the_file(tmp_path, monkeypatch):
+    from experiments.trainer import AtomicCheckpointIO
+
+    target = tmp_path / "checkpoints" / "last.ckpt"
+    monkeypatch.setattr("experiments.trainer.os.fsync", no_space)
+    with pytest.raises(OSError) as raised:
+        AtomicCheckpointIO().save_checkpoint({"state_dict": {}}, target)
+    assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(target)
+    assert list(target.parent.iterdir()) == []
+
+
+def test_a_read_only_run_dir_is_a_one_line_error_naming_the_folder(tmp_path, capsys, monkeypatch):
+    """Root ignores permission bits, so the read-only file system is simulated where the run
+    folder is created."""
+    real_mkdir = Path.mkdir
+
+    def read_only(self, *args, **kwargs):
+        if str(self).startswith(str(tmp_path / "runs")):
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(self))
+        return real_mkdir(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "mkdir", read_only)
+    err = run_cli(train_cli.main, ["method=ccrk_paper", *NO_DATA, f"run_dir={tmp_path / 'runs'}"], capsys)
+    assert err == (f"error: {tmp_path / 'runs' / 'multi30k' / 'ccrk_paper'}: Read-only file system; "
+                   "write the run elsewhere (run_dir=<folder>)")
