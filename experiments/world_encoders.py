@@ -33,11 +33,25 @@ def world_keys(section: Any, prefix: str = "method") -> Iterator[str]:
             yield from world_keys(item, f"{prefix}[{index}]")
 
 
+def unbuilt_sections(cfg: DictConfig) -> tuple[str, ...]:
+    """Method sections this run never builds, whatever they name: RC3's grid regions when the data
+    ships ROI features or the visual input is patches only (``methods/rc3.py``), mCLIP's trained
+    teacher when ``teacher`` is not among its stages (``methods/mclip.py``)."""
+    method = cfg.method
+    if method.get("name") == "rc3" and (cfg.data.get("roi_features") is not None
+                                        or method.visual.strict_input == "patch"):
+        return ("method.visual.regions",)
+    if method.get("name") == "mclip" and "teacher" not in method.stages:
+        return ("method.teacher.clip",)
+    return ()
+
+
 def check_world_encoders(cfg: DictConfig) -> None:
     """Refuse ``world`` backbones on data that does not provide them, naming the keys and the fix."""
     if cfg.data.name == "synthetic" and cfg.data.get("backbones") is not None:
         return
-    keys = list(world_keys(cfg.method))
+    unbuilt = unbuilt_sections(cfg)
+    keys = [key for key in world_keys(cfg.method) if not key.startswith(tuple(f"{u}." for u in unbuilt))]
     if not keys:
         return
     preset, data = cfg.preset.method, cfg.preset.data

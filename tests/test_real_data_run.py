@@ -91,16 +91,22 @@ def no_network(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
 
 
-@pytest.mark.parametrize("method, keys", [
-    ("ccrk", "method.image_encoder.name=world, method.text_encoder.name=world"),
-    ("mclip", "method.teacher.clip.image_encoder.name=world"),
+@pytest.mark.parametrize("method, extra, keys", [
+    ("ccrk", [], "method.image_encoder.name=world, method.text_encoder.name=world"),
+    ("mclip", [], "method.teacher.clip.image_encoder.name=world, method.teacher.clip.text_encoder.name="
+                  "world, method.mte.name=world"),
+    # sections the run never builds are not named: mCLIP without its trained teacher
+    ("mclip", ["method.stages=[mte_nmt,mte_ctl,trikd]"], "method.mte.name=world:"),
+    # RC3's grid regions stand in only when the data ships no ROI features
+    ("rc3", ["data.roi_features=/rois"], "method.first_stage.image_encoder.name=world, "
+                                         "method.first_stage.text_encoder.name=world:"),
 ])
 def test_world_encoders_on_real_data_are_refused_first_naming_the_keys_and_the_fix(
-        tmp_path, capsys, method, keys):
+        tmp_path, capsys, method, extra, keys):
     missing_root = tmp_path / "no-such-dataset"  # nothing is read: the folder does not exist
     with pytest.raises(SystemExit) as stop:
         train_cli.main([f"method={method}", "data=multi30k", f"data.root={missing_root}",
-                        f"run_dir={tmp_path / 'runs'}"])
+                        f"run_dir={tmp_path / 'runs'}", *extra])
     assert stop.value.code == 2
     err = capsys.readouterr().err.strip()
     assert err.startswith(f"error: {keys}") and "\n" not in err
