@@ -42,7 +42,7 @@ EXECUTION_ONLY = (
     "trainer.progress_refresh_rate", "trainer.log_every_n_steps",
     "trainer.checkpoint_every_n_steps", "trainer.cpu_threads", "method.cpu_threads",
     "data.num_workers", "data.root", "data.image_root", "data.cache_dir",
-    "data.tokenizer.download",
+    "data.tokenizer.download", "data.roi_allow_pickle",
 )
 
 
