@@ -21,6 +21,7 @@ import methods
 from datamodules.datamodule import CCRDataModule
 from experiments import cli
 from experiments.config import compose
+from experiments.encoder_checks import check_encoders
 from experiments.runs import (
     checkpoints_in,
     claim_run_dir,
@@ -44,7 +45,6 @@ from experiments.trainer import (
     configure_threads,
     free_log_version,
 )
-from experiments.world_encoders import check_world_encoders
 from methods.layers.base import Stage
 
 DONE = "done.ckpt"
@@ -123,7 +123,7 @@ def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage
 
 def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
-    check_world_encoders(cfg)
+    check_encoders(cfg)
     check_accelerator(cfg)
     configure_threads(cfg)
     with claim_run_dir(cfg) as run_dir:

@@ -16,7 +16,6 @@ from experiments import train as train_cli
 from experiments.config import compose
 from experiments.runs import save_config
 
-
 NO_DATA = ["data=multi30k", "data.root=/no/such/dataset"]  # any read would fail: none may happen
 
 

@@ -93,13 +93,13 @@ def no_network(monkeypatch):
 
 @pytest.mark.parametrize("method, extra, keys", [
     ("ccrk", [], "method.image_encoder.name=world, method.text_encoder.name=world"),
-    ("mclip", [], "method.teacher.clip.image_encoder.name=world, method.teacher.clip.text_encoder.name="
-                  "world, method.mte.name=world"),
+    ("mclip", [], ("method.teacher.clip.image_encoder.name=world, method.teacher.clip.text_encoder.name="
+                   "world, method.mte.name=world")),
     # sections the run never builds are not named: mCLIP without its trained teacher
     ("mclip", ["method.stages=[mte_nmt,mte_ctl,trikd]"], "method.mte.name=world:"),
     # RC3's grid regions stand in only when the data ships no ROI features
-    ("rc3", ["data.roi_features=/rois"], "method.first_stage.image_encoder.name=world, "
-                                         "method.first_stage.text_encoder.name=world:"),
+    ("rc3", ["data.roi_features=/rois"], ("method.first_stage.image_encoder.name=world, "
+                                          "method.first_stage.text_encoder.name=world:")),
 ])
 def test_world_encoders_on_real_data_are_refused_first_naming_the_keys_and_the_fix(
         tmp_path, capsys, method, extra, keys):
@@ -112,6 +112,25 @@ def test_world_encoders_on_real_data_are_refused_first_naming_the_keys_and_the_f
     assert err.startswith(f"error: {keys}") and "\n" not in err
     assert f"METHOD={method}_paper" in err and "data=multi30k" in err
     assert not (tmp_path / "runs").exists()
+
+
+@pytest.mark.parametrize("method, key", [
+    ("ccrk_paper", "method.text_encoder.name=hf:xlm-roberta-large"),
+    ("covlr_paper", "method.text_encoder.name=hf:bert-base-multilingual-cased"),
+    ("mclip_paper", "method.mte.name=hf:xlm-roberta-base"),
+])
+def test_a_pretrained_text_encoder_with_the_suites_own_tokenizer_is_refused_first(
+        tmp_path, capsys, method, key):
+    """Its embedding rows are indexed by its own tokenizer's ids: the offline BPE's ids would
+    train and score silently wrong inputs."""
+    with pytest.raises(SystemExit) as stop:
+        train_cli.main([f"method={method}", "data=multi30k", f"data.root={tmp_path / 'none'}",
+                        f"run_dir={tmp_path / 'runs'}"])
+    assert stop.value.code == 2
+    err = capsys.readouterr().err.strip()
+    name = key.split("=hf:")[1]
+    assert err == (f"error: {key} reads the token ids of its own tokenizer, but data.tokenizer.name"
+                   f"=offline (the suite's BPE); set data.tokenizer.name={name} (or its local folder)")
 
 
 @pytest.mark.slow

@@ -1,10 +1,12 @@
-"""The CPU presets' ``world`` encoders exist only on the synthetic world: a run that names them on
-other data is refused from its configuration alone, before any data is read.
+"""Checks of a method's encoders against the data that need only the configuration, so that a
+run that could not be right stops before any data is read.
 
-``world`` (an encoder's ``name``, or a seq2seq backbone's ``pretrained``) stands for the synthetic
-world's own pretrained backbones (``data.backbones``). Every such key of the method section is
-named in one line with the fix: the method's paper preset (``METHOD=<method>_paper``), whose
-encoders are real models that load from local folders, or real encoder names.
+* ``world`` (an encoder's ``name``, or a seq2seq backbone's ``pretrained``) stands for the
+  synthetic world's own pretrained backbones (``data.backbones``); on other data every such key
+  is named in one line with the fix: the method's paper preset (``METHOD=<method>_paper``), whose
+  encoders are real models that load from local folders, or real encoder names.
+* A pretrained Hugging Face text encoder reads the ids of its own tokenizer; with the suite's
+  offline BPE (``data.tokenizer.name=offline``) it would train on ids that mean other tokens.
 """
 
 from __future__ import annotations
@@ -46,6 +48,12 @@ def unbuilt_sections(cfg: DictConfig) -> tuple[str, ...]:
     return ()
 
 
+def check_encoders(cfg: DictConfig) -> None:
+    """Every check of this module, in order."""
+    check_world_encoders(cfg)
+    check_text_tokenizer(cfg)
+
+
 def check_world_encoders(cfg: DictConfig) -> None:
     """Refuse ``world`` backbones on data that does not provide them, naming the keys and the fix."""
     if cfg.data.name == "synthetic" and cfg.data.get("backbones") is not None:
@@ -64,3 +72,28 @@ def check_world_encoders(cfg: DictConfig) -> None:
         f"which data={data} does not provide (only data=synthetic with data.backbones set); "
         f"{use_paper}set each key to a real model (timm:<model>, hf:<local folder>, "
         "open_clip:<model>) or tiny (random init)")
+
+
+def pretrained_hf_sections(section: Any, prefix: str = "method") -> Iterator[tuple[str, str]]:
+    """(dotted key of ``name``, model) of every ``hf:<model>`` section that loads pretrained
+    weights: no in-code ``config`` and ``pretrained`` other than false (``HFText``)."""
+    if not isinstance(section, DictConfig):
+        return
+    name = section.get("name")
+    if (isinstance(name, str) and name.startswith("hf:") and section.get("config") is None
+            and section.get("pretrained") is not False):
+        yield f"{prefix}.name", name.removeprefix("hf:")
+    for key, value in section.items():
+        yield from pretrained_hf_sections(value, f"{prefix}.{key}")
+
+
+def check_text_tokenizer(cfg: DictConfig) -> None:
+    """A pretrained Hugging Face text encoder needs its own tokenizer, not the offline BPE."""
+    if cfg.data.tokenizer.name != "offline":
+        return
+    unbuilt = tuple(f"{u}." for u in unbuilt_sections(cfg))
+    for key, model in pretrained_hf_sections(cfg.method):
+        if not key.startswith(unbuilt):
+            raise ConfigError(f"{key}=hf:{model} reads the token ids of its own tokenizer, but "
+                              "data.tokenizer.name=offline (the suite's BPE); set "
+                              f"data.tokenizer.name={model} (or its local folder)")
