@@ -16,7 +16,8 @@ from experiments import train as train_cli
 from experiments.config import compose
 from experiments.runs import save_config
 
-NO_DATA = ["data=multi30k", "data.root=/no/such/dataset"]  # any read would fail: none may happen
+# Any read would fail (no dataset, no tokenizer folder): the checks below must come first.
+NO_DATA = ["data=multi30k", "data.root=/no/such/dataset", "data.tokenizer.name=/no/such/tokenizer"]
 
 
 def run_cli(main, args, capsys) -> str:
