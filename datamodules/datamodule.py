@@ -265,7 +265,7 @@ class CCRDataModule(L.LightningDataModule):
         """The precomputed ROI features of ``data.roi_features`` (opened once), or None."""
         path = self.cfg.get("roi_features")
         if path is not None and self._roi_store is None:
-            self._roi_store = RoiStore(path)
+            self._roi_store = RoiStore(path, allow_pickle=bool(self.cfg.get("roi_allow_pickle", False)))
             rank_zero_info(f"ROI features: {self._roi_store.dim}-wide regions from {path}, "
                            f"{self.cfg.roi_regions} per image in a batch")
         return self._roi_store

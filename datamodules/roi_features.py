@@ -2,17 +2,20 @@
 
 Region features are an input a dataset may ship beside its images. Two stores are read:
 
-* an LMDB in the per-image layout of VOLTA / IGLUE (``features_extraction/h5_to_lmdb.py`` there):
-  the key is the image id (UTF-8) and the value a pickled dict whose ``features`` field holds the
-  regions ``[n, dim]``, a float array, or in older stores a base64 float32 buffer beside a
-  ``num_boxes`` field; its other fields (boxes, image size, labels) are not read, nor is the extra
-  ``keys`` entry listing the ids. Values are Python pickles: point it only at stores you trust.
+* an LMDB keyed by image id (UTF-8) whose values are either ``.npy`` arrays ``[n, dim]`` (the
+  ``np.save`` format, read without unpickling) or, in the per-image layout of VOLTA / IGLUE
+  (``features_extraction/h5_to_lmdb.py`` there), a pickled dict whose ``features`` field holds the
+  regions, a float array, or in older stores a base64 float32 buffer beside a ``num_boxes`` field;
+  its other fields (boxes, image size, labels) are not read, nor is the extra ``keys`` entry
+  listing the ids. Unpickling runs whatever code a store holds, so pickled values are read only
+  with ``data.roi_allow_pickle=true`` (a store you trust); otherwise they are an error.
 * a folder of per-image files ``<id>.npy`` (the array ``[n, dim]``) or ``<id>.npz`` (field
   ``features``), for features extracted by the user. ``.npy`` wins when both exist.
 
 A record's features are looked up under its record id, its image file name and that name's stem,
 in this order: IGLUE keys Flickr30K by stem, xFlickr&CO by file name. Every image has the width of
-the store's first one. Batches hold a fixed ``data.roi_regions`` regions per image: fewer are
+the store's first one; every record a split uses is read and checked (shape, float dtype, width,
+finite values) when the split is set up, before training. Batches hold a fixed ``data.roi_regions`` regions per image: fewer are
 zero-padded and flagged absent in the mask (``roi_mask``), more keep the first ones (detector order,
 most confident first) with a warning, as VOLTA pads and cuts to its ``max_region_num``.
 """
@@ -20,6 +23,7 @@ most confident first) with a warning, as VOLTA pads and cuts to its ``max_region
 from __future__ import annotations
 
 import base64
+import io
 import os
 import pickle
 import warnings
@@ -62,11 +66,15 @@ def lmdb_environment(path: Path):
     return env
 
 
-class LmdbFolder:
-    """A read-only VOLTA/IGLUE LMDB (a folder with ``data.mdb``, or the file itself)."""
+NPY_MAGIC = b"\x93NUMPY"
 
-    def __init__(self, path: Path):
-        self.path = path
+
+class LmdbFolder:
+    """A read-only LMDB of ``.npy`` values or VOLTA/IGLUE pickles (a folder with ``data.mdb``, or
+    the file itself); pickles only with ``allow_pickle``."""
+
+    def __init__(self, path: Path, allow_pickle: bool = False):
+        self.path, self.allow_pickle = path, allow_pickle
 
     def keys(self) -> Iterator[str]:
         with lmdb_environment(self.path).begin() as txn:
@@ -81,6 +89,15 @@ class LmdbFolder:
         if raw is None:
             raise KeyError(key)
         where = f"{self.path}: image '{key}'"
+        if bytes(raw[:len(NPY_MAGIC)]) == NPY_MAGIC:
+            try:
+                return np.load(io.BytesIO(raw), allow_pickle=False)
+            except ValueError as err:
+                raise ValueError(f"{where}: not a readable .npy value ({err})") from None
+        if not self.allow_pickle:
+            raise ValueError(f"{where}: the value is a Python pickle (VOLTA's h5_to_lmdb.py layout) and "
+                             "unpickling runs any code the store holds; set data.roi_allow_pickle=true "
+                             "for a store you trust, or store .npy values (docs/rc3.md)")
         try:
             item = pickle.loads(raw)
         except Exception as err:  # a damaged pickle raises many types; all mean "unreadable"
@@ -134,12 +151,12 @@ class NpyFolder:
         raise KeyError(key)
 
 
-def open_store(path: str | Path) -> LmdbFolder | NpyFolder:
+def open_store(path: str | Path, allow_pickle: bool = False) -> LmdbFolder | NpyFolder:
     """The store at ``path``: an LMDB (a file, or a folder holding ``data.mdb``), otherwise a
     folder of per-image files."""
     path = Path(path)
     if path.is_file() or (path / "data.mdb").is_file():
-        return LmdbFolder(path)
+        return LmdbFolder(path, allow_pickle)
     if path.is_dir():
         return NpyFolder(path)
     raise FileNotFoundError(f"data.roi_features {path}: no such LMDB or folder")
@@ -158,9 +175,9 @@ class RoiStore:
     """Image key -> float32 regions ``[n, dim]``, every image checked against the width of the
     store's first image (``dim``; ``probe`` names that image)."""
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, allow_pickle: bool = False):
         self.source = str(path)
-        self.backend = open_store(path)
+        self.backend = open_store(path, allow_pickle)
         self.probe = next(iter(self.backend.keys()), None)
         if self.probe is None:
             raise ValueError(f"data.roi_features {self.source}: the store holds no image")
@@ -182,7 +199,10 @@ class RoiStore:
                              f"expected [regions >= 1, dim]")
         if not np.issubdtype(regions.dtype, np.floating):
             raise ValueError(f"{where} holds {regions.dtype}, not floats")
-        return np.array(regions, dtype=np.float32)
+        regions = np.array(regions, dtype=np.float32)
+        if not np.isfinite(regions).all():
+            raise ValueError(f"{where} holds NaN or infinite values")
+        return regions
 
     def features(self, key: str) -> np.ndarray:
         """The regions stored for ``key``; a missing image or a wrong shape or width fails in one
@@ -199,7 +219,8 @@ class RoiStore:
         """(records that have features, record id -> store key, ids of skipped records).
 
         A record without features is an error naming it (``on_missing="error"``) or is left out
-        and returned among the skipped (``"skip"``)."""
+        and returned among the skipped (``"skip"``). The features of every kept record are read
+        and checked now (:meth:`features`), so a broken one stops the setup, not a later stage."""
         if on_missing not in MISSING_ROI_POLICIES:
             raise ValueError(f"on_missing_roi must be one of {list(MISSING_ROI_POLICIES)}, "
                              f"got {on_missing!r}")
@@ -217,6 +238,8 @@ class RoiStore:
                                  f"data.on_missing_roi=skip leaves such records out")
             else:
                 skipped.append(record.id)
+        for key in dict.fromkeys(keys.values()):
+            self.features(key)
         return kept, keys, skipped
 
 

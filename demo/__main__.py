@@ -10,7 +10,9 @@ Errors are one line, exit status 2 (``experiments.cli``).
 
 from __future__ import annotations
 
+import errno
 import importlib.util
+import socket
 from pathlib import Path
 from typing import Sequence
 
@@ -43,6 +45,20 @@ def parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
     return options, overrides
 
 
+def check_port_free(host: str, port: int) -> None:
+    """The address the demo will serve on must be free now (a one-line error otherwise)."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is free
+        try:
+            probe.bind((host, port))
+        except OSError as err:
+            if err.errno == errno.EADDRINUSE:
+                raise ConfigError(f"port {port} on {host} is in use (another demo or server?); "
+                                  "choose a free one with port=<number>") from None
+            raise ConfigError(f"cannot serve on {host}:{port} ({err.strerror or err}); check host= "
+                              "and port=") from None
+
+
 def _main(args: list[str]) -> None:
     options, overrides = parse(args)
     ckpt = Path(options["ckpt"])
@@ -50,6 +66,7 @@ def _main(args: list[str]) -> None:
         raise ConfigError(f"checkpoint {ckpt} does not exist")
     if importlib.util.find_spec("gradio") is None:
         raise ConfigError("the demo needs the demo extra: pip install -e '.[demo]' (gradio is not installed)")
+    check_port_free(options["host"], int(options["port"]))  # before minutes of encoding
     index = load_index(ckpt, options["split"], overrides)
     from demo.app import build_app, launch  # after the checkpoint checks: importing gradio is slow
 

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from experiments.config import ConfigError, apply_overrides, typed
 from experiments.evaluate import find_run_dir
-from experiments.runs import load_checkpoint
+from experiments.runs import check_checkpoint_method, load_checkpoint
 from experiments.train import build_datamodule, stages_of
 from experiments.trainer import configure_threads
 from metrics.ranks import best_positive_rank, paired_ranks
@@ -146,10 +146,12 @@ def load_index(ckpt: Path, split: str = "test", overrides: Sequence[str] = ()) -
     ``overrides`` are config overrides as for ``experiments.evaluate`` (e.g. a data root)."""
     if split not in SPLITS:
         raise ConfigError(f"split must be one of {'|'.join(SPLITS)}, got '{split}'")
-    state = load_checkpoint(ckpt)["state_dict"]
+    checkpoint = load_checkpoint(ckpt)
     run_dir = find_run_dir(ckpt)
     stored = typed(OmegaConf.load(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
     cfg = apply_overrides(stored, overrides)
+    check_checkpoint_method(checkpoint, ckpt, cfg.method.name)
+    state = checkpoint["state_dict"]
     configure_threads(cfg)
     data = build_datamodule(cfg, roles=(split,))
     module = stages_of(cfg, data)[-1].build(None)

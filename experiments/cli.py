@@ -1,13 +1,14 @@
 """What every command-line entry point shares: the suite's own errors as one line, and quiet
 logs.
 
-A problem the user can fix (a config key, a data record, a checkpoint, a diverged run) prints
-``error: ...`` on one line and exits with status 2; ``--traceback`` (or ``CCR_TRACEBACK=1``)
+A problem the user can fix (a config key, a data record, a checkpoint, a diverged run, a full
+disk or a read-only folder) prints ``error: ...`` on one line and exits with status 2; ``--traceback`` (or ``CCR_TRACEBACK=1``)
 shows the full traceback instead. Warnings a user can do nothing about are silenced.
 """
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import sys
@@ -18,6 +19,14 @@ from experiments.trainer import TrainingDiverged
 
 TRACEBACK_FLAG = "--traceback"
 USER_ERRORS = (ValueError, FileNotFoundError, TrainingDiverged)  # ConfigError is a ValueError
+# A file the suite cannot write (or read) for a reason outside the code: the file and what to do.
+STORAGE_ADVICE = {
+    errno.ENOSPC: "free space, or write the run elsewhere (run_dir=<folder>)",
+    errno.EDQUOT: "free space, or write the run elsewhere (run_dir=<folder>)",
+    errno.EROFS: "write the run elsewhere (run_dir=<folder>)",
+    errno.EACCES: "check its permissions (runs are written under run_dir=<folder>)",
+    errno.EPERM: "check its permissions (runs are written under run_dir=<folder>)",
+}
 
 # Lightning / torch messages that are advice to library authors or tips, not about the run.
 QUIET_WARNINGS = (
@@ -66,4 +75,10 @@ def run(main: Callable[[list[str]], object], argv: Sequence[str] | None = None) 
         if show_traceback:
             raise
         print(f"error: {one_line(err)}", file=sys.stderr)
+        raise SystemExit(2) from None
+    except OSError as err:
+        if show_traceback or err.errno not in STORAGE_ADVICE:
+            raise
+        where = f"{err.filename}: " if err.filename else ""
+        print(f"error: {where}{err.strerror}; {STORAGE_ADVICE[err.errno]}", file=sys.stderr)
         raise SystemExit(2) from None

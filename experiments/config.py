@@ -112,6 +112,7 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
         raise ConfigError(str(err)) from None
     check_run_protocol(merged)
     label_lit(merged)
+    fit_mrv_languages(merged, explicit=any(o.startswith("data.mrv_languages=") for o in overrides))
     return merged
 
 
@@ -126,6 +127,29 @@ def label_lit(cfg: DictConfig) -> None:
     elif "lit" not in str(cfg.variant).split("+"):
         raise ConfigError(f"method.lit=true runs {cfg.method.name} with a frozen image tower; "
                           f"variant={cfg.variant} would hide it (use variant=lit or lit+<label>)")
+
+
+def fit_mrv_languages(cfg: DictConfig, explicit: bool) -> None:
+    """``data.mrv_languages`` within ``data.languages``, checked now rather than at the test.
+
+    A list set on the command line (``explicit``) must be a subset: an error naming the key
+    otherwise. A preset's list (e.g. xFlickr&CO's en de ja zh, CCRk's protocol) is narrowed to
+    the languages the run evaluates, in its order, or to null (every evaluated language) when it
+    keeps none of them; the narrowed list is what ``config.yaml`` records."""
+    data = cfg.data
+    mrv = data.get("mrv_languages")
+    if mrv is None:
+        return
+    languages = [str(lang) for lang in data.languages]
+    outside = [str(lang) for lang in mrv if lang not in languages]
+    if not outside:
+        return
+    if explicit:
+        raise ConfigError(f"data.mrv_languages={[str(x) for x in mrv]} names "
+                          f"{', '.join(outside)}, which data.languages={languages} does not "
+                          "evaluate; list a subset of data.languages, or null for all of them")
+    kept = [str(lang) for lang in mrv if lang in languages]
+    data.mrv_languages = kept or None
 
 
 def check_run_protocol(cfg: DictConfig) -> None:

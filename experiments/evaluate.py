@@ -18,9 +18,9 @@ from omegaconf import DictConfig, OmegaConf
 from datamodules.datamodule import parse_split
 from experiments import cli
 from experiments.config import ConfigError, apply_overrides, typed
-from experiments.runs import load_checkpoint, scorer_label, write_metrics
+from experiments.runs import check_checkpoint_method, load_checkpoint, scorer_label, write_metrics
 from experiments.train import StageData, build_datamodule, last_report, stages_of
-from experiments.trainer import build_trainer, configure_matmul_precision, configure_threads
+from experiments.trainer import build_trainer, check_accelerator, configure_matmul_precision, configure_threads
 
 
 def find_run_dir(ckpt: Path) -> Path:
@@ -34,10 +34,13 @@ def find_run_dir(ckpt: Path) -> Path:
 def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> dict[str, float]:
     if split not in ("val", "test"):
         raise ConfigError(f"split must be val or test, got '{split}'")
-    state = load_checkpoint(ckpt)["state_dict"]
+    checkpoint = load_checkpoint(ckpt)
     run_dir = find_run_dir(ckpt)
     stored = typed(OmegaConf.load(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
     cfg: DictConfig = apply_overrides(stored, overrides)
+    check_checkpoint_method(checkpoint, ckpt, cfg.method.name)
+    check_accelerator(cfg)
+    state = checkpoint["state_dict"]
     configure_threads(cfg)
     configure_matmul_precision(cfg)
     data = build_datamodule(cfg, roles=(split,))

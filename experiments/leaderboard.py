@@ -30,6 +30,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from datamodules.readers._files import decode_utf8
 from experiments import cli
 from experiments.config import ConfigError, typed
 from experiments.curves import RISING_MARGIN, check_curve, mean_curve, row_rise
@@ -46,13 +47,7 @@ def load_results(runs: Path, split: str = "test") -> list[dict]:
     scorer and settings counts once (the newest file)."""
     latest: dict[tuple, dict] = {}
     for path in sorted(runs.rglob("metrics.json")):
-        try:
-            result = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as err:
-            raise ValueError(f"{path}: not valid JSON ({err.msg})") from None
-        missing = [k for k in (*FAMILY, "seed", "metrics") if k not in result]
-        if missing:
-            raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
+        result = read_result(path)
         if result.get("split", "test") != split:
             continue
         check_curve(result, str(path))
@@ -67,6 +62,47 @@ def load_results(runs: Path, split: str = "test") -> list[dict]:
         if key not in latest or result["_mtime"] > latest[key]["_mtime"]:
             latest[key] = result
     return list(latest.values())
+
+
+def read_result(path: Path) -> dict:
+    """One ``metrics.json``, checked field by field: a file the suite would not have written
+    (bare NaN, a string metric, a fractional seed, no metric at all) is refused naming the file
+    and the field, so that no row silently averages it or counts it as a seed."""
+    try:
+        result = json.loads(decode_utf8(path, path.read_bytes()), parse_constant=_bare_constant)
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}: not valid JSON ({err.msg})") from None
+    except _BareConstant as err:
+        raise ValueError(f"{path}: holds a bare {err} (the suite writes strict JSON)") from None
+    if not isinstance(result, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    missing = [k for k in (*FAMILY, "seed", "metrics") if k not in result]
+    if missing:
+        raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
+    for key in FAMILY:
+        if not isinstance(result[key], str):
+            raise ValueError(f"{path}: field '{key}' must be a string, got {type(result[key]).__name__}")
+    seed = result["seed"]
+    if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
+        raise ValueError(f"{path}: field 'seed' must be a whole number >= 0, got {seed!r}")
+    metrics = result["metrics"]
+    if not isinstance(metrics, dict):
+        raise ValueError(f"{path}: field 'metrics' must be an object, got {type(metrics).__name__}")
+    if not metrics:
+        raise ValueError(f"{path}: field 'metrics' holds no metric; a run without scores is no seed")
+    for name, value in metrics.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{path}: field 'metrics.{name}' must be a number, "
+                             f"got {type(value).__name__}")
+    return result
+
+
+class _BareConstant(Exception):
+    """A bare ``NaN`` / ``Infinity`` in a JSON text (Python's json accepts them by default)."""
+
+
+def _bare_constant(name: str) -> float:
+    raise _BareConstant(name)
 
 
 def as_current_code_reads(config: dict, path: Path) -> dict:

@@ -42,7 +42,7 @@ EXECUTION_ONLY = (
     "trainer.progress_refresh_rate", "trainer.log_every_n_steps",
     "trainer.checkpoint_every_n_steps", "trainer.cpu_threads", "method.cpu_threads",
     "data.num_workers", "data.root", "data.image_root", "data.cache_dir",
-    "data.tokenizer.download", "trainer.logger",
+    "data.tokenizer.download", "trainer.logger", "data.roi_allow_pickle",
 )
 # Keys added after results were published, at the value that reproduces the earlier behaviour: at
 # that value they are left out of a run's settings, so its fingerprint equals that of the earlier
@@ -230,12 +230,22 @@ def write_atomic(path: Path, text: str) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(staging, path)
+    except OSError as err:
+        raise naming(err, path) from None
     finally:
         staging.unlink(missing_ok=True)
 
 
-def load_checkpoint(path: str | Path) -> dict[str, Any]:
-    """A suite checkpoint, loaded with ``weights_only=True`` (no pickled code ever runs)."""
+def naming(err: OSError, path: Path) -> OSError:
+    """``err`` with ``path`` as its file when it names none (a write that fails on a full disk)."""
+    if err.filename is not None:
+        return err
+    return type(err)(err.errno, err.strerror, str(path))
+
+
+def load_checkpoint(path: str | Path, method: str | None = None) -> dict[str, Any]:
+    """A suite checkpoint, loaded with ``weights_only=True`` (no pickled code ever runs); with
+    ``method``, one written by that method (``hyper_parameters.method.name``)."""
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"checkpoint {path} does not exist")
@@ -246,7 +256,17 @@ def load_checkpoint(path: str | Path) -> dict[str, Any]:
         raise ConfigError(f"{path} is not a suite checkpoint ({type(err).__name__}: {reason})") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ConfigError(f"{path} is not a suite checkpoint (it has no state_dict)")
+    if method is not None:
+        check_checkpoint_method(checkpoint, path, method)
     return checkpoint
+
+
+def check_checkpoint_method(checkpoint: dict[str, Any], path: str | Path, method: str) -> None:
+    """The checkpoint's recorded method (``hyper_parameters.method.name``) must be ``method``."""
+    recorded = ((checkpoint.get("hyper_parameters") or {}).get("method") or {}).get("name")
+    if recorded is not None and recorded != method:
+        raise ConfigError(f"{path} is a checkpoint of method '{recorded}', not of this run's "
+                          f"method '{method}' (method.name)")
 
 
 def git_commit() -> str:

@@ -117,6 +117,7 @@ class DataConfig:
     backbones: Optional[Dict[str, Any]] = None  # the synthetic world's pretrained encoders
     parallel_text: Optional[str] = None  # line-aligned <lang>.txt folder or TSV (parallel corpus)
     roi_features: Optional[str] = None  # precomputed ROI features: an LMDB or a .npy folder
+    roi_allow_pickle: bool = False  # read pickled LMDB values (VOLTA's layout; unpickling runs code)
     roi_regions: int = bounded(36, minimum=1)  # regions per image in a batch (padded and masked)
     on_missing_roi: str = "error"
     pretrained_io: Optional[Dict[str, Any]] = None  # a pretrained model's own preprocessing and

@@ -24,6 +24,7 @@ from experiments import cli
 from experiments.config import compose
 from experiments.curves import ValidationCurve, run_curve
 from experiments.loggers import check_loggers
+from experiments.encoder_checks import check_encoders
 from experiments.runs import (
     checkpoints_in,
     claim_run_dir,
@@ -44,6 +45,7 @@ from experiments.trainer import (
     TrainingPosition,
     build_trainer,
     configure_matmul_precision,
+    check_accelerator,
     configure_threads,
     free_log_version,
     loader_settings,
@@ -127,6 +129,8 @@ def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage
 
 def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
+    check_encoders(cfg)
+    check_accelerator(cfg)
     configure_threads(cfg)
     configure_matmul_precision(cfg)
     check_loggers(cfg)
@@ -136,7 +140,7 @@ def train(cfg: DictConfig) -> Path:
                 load_checkpoint(path)
         else:
             if cfg.ckpt_path is not None:
-                load_checkpoint(cfg.ckpt_path)
+                load_checkpoint(cfg.ckpt_path, method=cfg.method.name)
             save_config(cfg, run_dir)
         data = build_datamodule(cfg)
         stages = stages_of(cfg, data)

@@ -16,8 +16,11 @@ import lightning as L
 import numpy as np
 import torch
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
+from lightning.pytorch.accelerators import CUDAAccelerator, MPSAccelerator
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint, TQDMProgressBar
-from omegaconf import DictConfig
+from omegaconf import DictConfig, ListConfig
+
+from experiments.config import ConfigError
 
 
 class TrainingDiverged(RuntimeError):
@@ -37,6 +40,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             with open(staging, "rb") as f:
                 os.fsync(f.fileno())
             os.replace(staging, path)
+        except OSError as err:  # a full disk: name the checkpoint, not the staging file
+            raise OSError(err.errno, err.strerror, str(path)) from None
         finally:
             staging.unlink(missing_ok=True)
 
@@ -164,6 +169,27 @@ class Throughput(Callback):
     @property
     def samples_per_second(self) -> float:
         return self.samples / self.seconds if self.seconds else 0.0
+
+
+GPU_ACCELERATORS = ("gpu", "cuda", "mps")
+
+
+def check_accelerator(cfg: DictConfig) -> None:
+    """A GPU preset on a machine without a usable GPU, or more GPUs than it has, is a one-line
+    error naming the key, before any data is read (Lightning would fail later, in a traceback)."""
+    t = cfg.trainer
+    accelerator = str(t.accelerator)
+    if accelerator not in GPU_ACCELERATORS:
+        return
+    cuda = CUDAAccelerator.is_available() and accelerator != "mps"
+    if not cuda and not (MPSAccelerator.is_available() and accelerator != "cuda"):
+        preset = (cfg.get("preset") or {}).get("trainer", "?")
+        raise ConfigError(f"trainer.accelerator={accelerator} (TRAINER={preset}) but this machine has "
+                          "no GPU that torch can use; use TRAINER=cpu (trainer=cpu)")
+    have = CUDAAccelerator.auto_device_count() if cuda else 1
+    wanted = len(t.devices) if isinstance(t.devices, ListConfig) else t.devices
+    if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > have:
+        raise ConfigError(f"trainer.devices={t.devices} asks for {wanted} GPUs but this machine has {have}")
 
 
 def configure_threads(cfg: DictConfig) -> None:

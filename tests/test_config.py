@@ -102,3 +102,27 @@ def test_a_stored_config_that_is_a_yaml_list_is_a_one_line_error_naming_the_file
     path.write_text("- seed: 1\n")
     with pytest.raises(ConfigError, match=r"config\.yaml: a configuration is a mapping"):
         typed(OmegaConf.load(path), str(path))
+
+
+def test_a_language_subset_keeps_the_presets_mrv_languages_it_evaluates():
+    cfg = compose(["data=xflickrco", "data.languages=[ja,de]"])
+    assert list(cfg.data.mrv_languages) == ["de", "ja"]  # the preset's order (CCRk's protocol)
+
+
+def test_a_language_subset_outside_the_presets_mrv_languages_takes_mrv_over_its_own():
+    cfg = compose(["data=xflickrco", "data.languages=[es,ru]"])
+    assert cfg.data.mrv_languages is None  # MRV over every evaluated language: es, ru
+
+
+@pytest.mark.parametrize("data", available("data"))
+def test_every_data_preset_composes_with_a_two_language_subset(data):
+    languages = list(compose([f"data={data}"]).data.languages)[-2:]
+    cfg = compose([f"data={data}", f"data.languages=[{','.join(languages)}]"])
+    mrv = cfg.data.mrv_languages
+    assert mrv is None or set(mrv) <= set(languages)
+
+
+def test_mrv_languages_set_outside_the_run_languages_is_an_error_naming_the_key():
+    with pytest.raises(ConfigError, match=r"data\.mrv_languages=\['en', 'de'\] names en, which "
+                                          r"data\.languages=\['de', 'ja'\] does not evaluate"):
+        compose(["data=xflickrco", "data.languages=[de,ja]", "data.mrv_languages=[en,de]"])

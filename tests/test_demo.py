@@ -204,6 +204,22 @@ def test_cli_errors_are_one_line_with_status_2(args, message, capsys):
     assert error.startswith("error: ") and message in error and "\n" not in error
 
 
+def test_a_port_in_use_is_refused_before_the_checkpoint_is_read_or_encoded(tmp_path, capsys):
+    pytest.importorskip("gradio", reason=MISSING_EXTRA)
+    ckpt = tmp_path / "last.ckpt"
+    ckpt.write_text("not a checkpoint: reading it would fail with another message")
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(SystemExit) as exit_info:
+            demo_main([f"ckpt={ckpt}", f"port={port}"])
+    assert exit_info.value.code == 2
+    assert capsys.readouterr().err.strip() == (
+        f"error: port {port} on 127.0.0.1 is in use (another demo or server?); choose a free one "
+        "with port=<number>")
+
+
 def test_without_the_demo_extra_the_command_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     import demo.__main__ as command
 

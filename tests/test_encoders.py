@@ -201,3 +201,42 @@ def test_a_loaded_hf_encoder_starts_in_train_mode_like_every_other_module(tmp_pa
     XLMRobertaModel(_tiny_xlmr_config()).save_pretrained(tmp_path / "xlmr")
     encoder = TextEncoder(name=f"hf:{tmp_path / 'xlmr'}", pretrained=True)
     assert all(module.training for module in encoder.modules())
+
+
+def _truncated_safetensors(path):
+    from safetensors.torch import save_file
+
+    save_file({"w": torch.zeros(64, 64)}, str(path))
+    raw = path.read_bytes()
+    path.write_bytes(raw[: len(raw) // 2])
+    return path
+
+
+@pytest.mark.parametrize("content, reason", [
+    ([1, 2, 3], r"not a state dict \(it holds a list\)"),
+    ({"model": {"visual.proj": 3}}, r"not a state dict \(entry 'visual\.proj' is int, not a tensor\)"),
+])
+def test_a_weights_file_that_is_not_a_state_dict_is_named(tmp_path, content, reason):
+    path = tmp_path / "weights.pt"
+    torch.save(content, path)
+    with pytest.raises(ValueError, match=rf"{path}: {reason}"):
+        ImageEncoder("open_clip:tiny", str(path), config=TINY_CLIP)
+
+
+def test_a_truncated_safetensors_file_is_named(tmp_path):
+    path = _truncated_safetensors(tmp_path / "weights.safetensors")
+    with pytest.raises(ValueError, match=rf"{path}: not a readable safetensors file"):
+        ImageEncoder("timm:test_vit", str(path), options={"img_size": 32})
+
+
+def test_open_clip_by_name_with_a_local_file_that_is_not_a_state_dict_is_named(tmp_path):
+    path = tmp_path / "weights.pt"
+    torch.save([1, 2, 3], path)
+    with pytest.raises(ValueError, match=rf"{path}: not a state dict \(it holds a list\)"):
+        ImageEncoder("open_clip:ViT-B-32", str(path))
+
+
+def test_a_missing_hf_model_folder_is_named(tmp_path):
+    missing = tmp_path / "xlm-roberta-large"
+    with pytest.raises(FileNotFoundError, match=rf"hf:{missing}: no such model folder"):
+        TextEncoder(f"hf:{missing}", True)

@@ -1,6 +1,7 @@
 """Pretrained models as leaderboard rows: tiny open_clip and Hugging Face CLIP models, saved here,
 scored on a tiny world through ``experiments.external`` (the ``make eval MODEL=...`` path)."""
 
+import io
 import json
 from pathlib import Path
 
@@ -237,3 +238,43 @@ def test_the_same_model_scored_twice_is_one_row(world, open_clip_dir, tmp_path):
     assert len(folders) == 2
     (row,) = leaderboard.aggregate(leaderboard.load_results(runs))
     assert row["seeds"] == [0] and len(row["duplicates"][0]) == 2
+
+
+def _folder_with_weights(open_clip_dir, folder, name, content: bytes):
+    folder.mkdir()
+    (folder / "open_clip_config.json").write_text((open_clip_dir / "open_clip_config.json").read_text())
+    (folder / name).write_bytes(content)
+    return folder / name
+
+
+def test_open_clip_weights_that_are_not_a_state_dict_are_refused_naming_the_file(
+        world, open_clip_dir, tmp_path, capsys):
+    buffer = io.BytesIO()
+    torch.save([1, 2, 3], buffer)
+    weights = _folder_with_weights(open_clip_dir, tmp_path / "list", "open_clip_pytorch_model.bin",
+                                   buffer.getvalue())
+    err = run_cli([f"model=open_clip:local-dir:{weights.parent}", *world_overrides(world, tmp_path / "runs")],
+                  capsys)
+    assert f"{weights}: not a state dict (it holds a list)" in err
+    assert not list(tmp_path.rglob("metrics.json"))
+
+
+def test_truncated_open_clip_safetensors_are_refused_naming_the_file(world, open_clip_dir, tmp_path, capsys):
+    from safetensors.torch import save_file
+
+    state = torch.load(open_clip_dir / "open_clip_pytorch_model.bin", weights_only=True)
+    save_file(state, str(tmp_path / "full.safetensors"))
+    raw = (tmp_path / "full.safetensors").read_bytes()
+    weights = _folder_with_weights(open_clip_dir, tmp_path / "cut", "open_clip_model.safetensors",
+                                   raw[: len(raw) // 2])
+    err = run_cli([f"model=open_clip:local-dir:{weights.parent}", *world_overrides(world, tmp_path / "runs")],
+                  capsys)
+    assert f"{weights}: not a readable safetensors file" in err
+
+
+def test_open_clip_pretrained_file_that_is_not_a_state_dict_is_refused_naming_it(world, tmp_path, capsys):
+    weights = tmp_path / "weights.pt"
+    torch.save({"epoch": 3}, weights)
+    err = run_cli(["model=open_clip:ViT-B-32", f"pretrained={weights}",
+                   *world_overrides(world, tmp_path / "runs")], capsys)
+    assert f"{weights}: not a state dict (entry 'epoch' is int, not a tensor)" in err

@@ -149,6 +149,41 @@ def test_malformed_result_names_the_file_and_field(tmp_path):
         load_results(tmp_path / "runs")
 
 
+def _write_raw(path, text):
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "metrics.json").write_text(text)
+
+
+@pytest.mark.parametrize("edit, error", [
+    (lambda r: r["metrics"].update({"mR": float("nan")}), r"holds a bare NaN"),
+    (lambda r: r["metrics"].update({"mR": "40.0"}), r"field 'metrics\.mR' must be a number, got str"),
+    (lambda r: r["metrics"].update({"mR": True}), r"field 'metrics\.mR' must be a number, got bool"),
+    (lambda r: r.update({"seed": "0"}), r"field 'seed' must be a whole number >= 0, got '0'"),
+    (lambda r: r.update({"seed": 1.5}), r"field 'seed' must be a whole number >= 0, got 1\.5"),
+    (lambda r: r.update({"metrics": {}}), r"field 'metrics' holds no metric"),
+    (lambda r: r.update({"metrics": [40.0]}), r"field 'metrics' must be an object"),
+    (lambda r: r.update({"method": 3}), r"field 'method' must be a string, got int"),
+])
+def test_a_malformed_metrics_json_is_refused_naming_the_file_and_field(tmp_path, edit, error):
+    _write(tmp_path / "runs" / "good", "clip", 0, 40.0)
+    _write(tmp_path / "runs" / "bad", "clip", 1, 41.0)
+    path = tmp_path / "runs" / "bad" / "metrics.json"
+    record = json.loads(path.read_text())
+    edit(record)
+    path.write_text(json.dumps(record))  # json.dumps writes NaN as a bare NaN
+    with pytest.raises(ValueError, match=r"bad/metrics\.json: " + error):
+        load_results(tmp_path / "runs")
+
+
+def test_a_metrics_json_that_is_not_an_object_or_not_utf8_is_refused_naming_the_file(tmp_path):
+    _write_raw(tmp_path / "runs" / "list", "[1, 2]")
+    with pytest.raises(ValueError, match=r"list/metrics\.json: not a JSON object"):
+        load_results(tmp_path / "runs")
+    (tmp_path / "runs" / "list" / "metrics.json").write_bytes(b'{"method": "caf\xe9"}')
+    with pytest.raises(ValueError, match=r"list/metrics\.json:1: not UTF-8 text"):
+        load_results(tmp_path / "runs")
+
+
 def test_written_beside_the_runs_unless_told_where(tmp_path, monkeypatch):
     runs = tmp_path / "runs"
     _write(runs / "a", "clip", 0, 40.0)

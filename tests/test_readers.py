@@ -435,3 +435,38 @@ def test_a_parallel_text_header_naming_a_language_twice_up_to_spaces_is_an_error
     path.write_text("en\ten \nhello\thallo\n", encoding="utf-8")
     with pytest.raises(ValueError, match=r"pairs\.tsv:1: the header must name distinct languages"):
         read_parallel_text(path)
+
+
+# --- text encodings -----------------------------------------------------------------------------
+
+LATIN1_CAPTION = "Un café.\n".encode("latin-1")  # 0xe9: not UTF-8
+
+
+def test_multi30k_caption_file_not_utf8_is_named_with_its_line(tmp_path):
+    shutil.copytree(FIXTURES / "multi30k", tmp_path / "multi30k")
+    path = tmp_path / "multi30k/data/task1/raw/train.fr.gz"
+    with gzip.open(path, "rb") as f:
+        lines = f.read().split(b"\n")
+    with gzip.open(path, "wb") as f:
+        f.write(b"\n".join([lines[0], LATIN1_CAPTION.rstrip(b"\n"), *lines[2:]]))
+    with pytest.raises(ValueError, match=r"train\.fr\.gz:2: not UTF-8 text \(byte 0xe9"):
+        read_dataset("multi30k", tmp_path / "multi30k", "train")
+
+
+def test_xflickrco_jsonl_not_utf8_is_named_with_its_line(tmp_path):
+    root = copy_xflickrco(tmp_path)
+    path = root / "annotations/de/test.jsonl"
+    raw = path.read_bytes()
+    line = raw[:raw.index("ü".encode())].count(b"\n") + 1
+    path.write_bytes(raw.replace("ü".encode(), "ü".encode("latin-1"), 1))
+    with pytest.raises(ValueError, match=rf"de/test\.jsonl:{line}: not UTF-8 text \(byte 0xfc"):
+        read_dataset("xflickrco", root, "test")
+
+
+def test_parallel_tsv_not_utf8_is_named_with_its_line(tmp_path):
+    from datamodules.readers.parallel_text import read_parallel_text
+
+    path = tmp_path / "pairs.tsv"
+    path.write_bytes(b"en\tfr\nA dog.\tUn chien.\nA coffee.\t" + LATIN1_CAPTION)
+    with pytest.raises(ValueError, match=r"pairs\.tsv:3: not UTF-8 text \(byte 0xe9"):
+        read_parallel_text(path)

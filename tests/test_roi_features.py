@@ -5,6 +5,7 @@ and RC3 training and scoring on the shipped features instead of the grid stand-i
 from __future__ import annotations
 
 import base64
+import io
 import json
 import pickle
 from pathlib import Path
@@ -51,7 +52,7 @@ def test_lmdb_store_returns_the_stored_regions_by_id(tmp_path):
                  "img_h": 10, "img_w": 20} for key, value in stored.items()},
         "legacy": {"features": base64.b64encode(legacy.tobytes()), "num_boxes": 4},
     })
-    store = RoiStore(tmp_path / "f.lmdb")
+    store = RoiStore(tmp_path / "f.lmdb", allow_pickle=True)
     assert store.dim == DIM and str(tmp_path / "f.lmdb") in store.describe()
     for key, value in {**stored, "legacy": legacy}.items():
         np.testing.assert_array_equal(store.features(key), value)
@@ -64,10 +65,10 @@ def test_lmdb_rows_load_in_worker_processes_and_a_second_reader(tmp_path):
     stored = {str(i): regions(i, 1 + i % 3) for i in range(6)}
     write_lmdb(tmp_path / "f.lmdb", {key: {"features": value} for key, value in stored.items()})
     keys = sorted(stored)
-    rois = ImageRois(RoiStore(tmp_path / "f.lmdb"), keys, regions=3)
+    rois = ImageRois(RoiStore(tmp_path / "f.lmdb", allow_pickle=True), keys, regions=3)
     loader = torch.utils.data.DataLoader(rois, batch_size=2, num_workers=2)
     rows = torch.cat([batch["roi_features"] for batch in loader])
-    again = ImageRois(RoiStore(tmp_path / "f.lmdb"), keys, regions=3)
+    again = ImageRois(RoiStore(tmp_path / "f.lmdb", allow_pickle=True), keys, regions=3)
     for row, key in enumerate(keys):
         torch.testing.assert_close(rows[row], padded(stored[key], 3))
         torch.testing.assert_close(again[row]["roi_features"], rows[row])
@@ -105,7 +106,7 @@ def test_a_width_mismatch_is_one_line_naming_store_image_and_field(tmp_path):
 def test_a_flat_lmdb_record_is_a_clear_error(tmp_path):
     write_lmdb(tmp_path / "f.lmdb", {"a": {"features": regions(0, 3)[0]}})
     with pytest.raises(ValueError, match=r"f\.lmdb: image 'a': field 'features' has shape \(8,\)"):
-        RoiStore(tmp_path / "f.lmdb")
+        RoiStore(tmp_path / "f.lmdb", allow_pickle=True)
 
 
 def test_missing_features_fail_naming_the_record_or_are_skipped_and_counted(tmp_path):
@@ -221,6 +222,44 @@ def test_data_without_the_key_ships_no_features(dataset):
     assert data.info.roi_dim is None
     assert "roi_features" not in next(iter(data.train_dataloader()))
     assert "roi_features" not in next(iter(data.eval_view("test").image_loader(4)))
+
+
+@pytest.mark.parametrize("bad, reason", [
+    (np.full((2, DIM), np.nan, np.float32), r"holds NaN or infinite values"),
+    (np.zeros((2, DIM), np.int64), r"holds int64, not floats"),
+    (np.zeros((2, DIM, 1), np.float32), r"has shape \(2, 8, 1\)"),
+    (np.zeros((2, DIM + 1), np.float32), r"is 9 wide, but the store's features are 8 wide"),
+])
+def test_bad_features_of_any_record_stop_setup_naming_the_image(dataset, bad, reason):
+    """A test image's broken features are found when the data is set up, before any training."""
+    root, _ = dataset
+    np.save(root / "rois" / "10.npy", bad)  # images/10 is in the test split (val)
+    data = CCRDataModule(compose(data_overrides(root)).data)
+    data.setup("fit")
+    with pytest.raises(ValueError, match=rf"rois: image '10': field 'features' {reason}"):
+        data.records("test")
+
+
+def test_a_pickled_lmdb_needs_the_opt_in_because_unpickling_runs_code(tmp_path):
+    write_lmdb(tmp_path / "f.lmdb", {"a": {"features": regions(0, 3)}})
+    with pytest.raises(ValueError, match=r"f\.lmdb: image 'a': the value is a Python pickle .*"
+                                         r"set data\.roi_allow_pickle=true"):
+        RoiStore(tmp_path / "f.lmdb")
+    np.testing.assert_array_equal(RoiStore(tmp_path / "f.lmdb", allow_pickle=True).features("a"),
+                                  regions(0, 3))
+
+
+def test_an_lmdb_of_npy_values_reads_without_unpickling(tmp_path):
+    lmdb = pytest.importorskip("lmdb", reason="the lmdb package is not installed (pip install -e '.[roi]')")
+    env = lmdb.open(str(tmp_path / "f.lmdb"), map_size=1 << 24)
+    with env.begin(write=True) as txn:
+        for key, value in {"a": regions(0, 3), "b": regions(1, 2)}.items():
+            buffer = io.BytesIO()
+            np.save(buffer, value, allow_pickle=False)
+            txn.put(key.encode(), buffer.getvalue())
+    env.close()
+    store = RoiStore(tmp_path / "f.lmdb")  # no opt-in needed
+    np.testing.assert_array_equal(store.features("b"), regions(1, 2))
 
 
 # ---- RC3 on shipped features -------------------------------------------------------------------

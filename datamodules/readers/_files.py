@@ -26,13 +26,33 @@ def read_lines(path: Path) -> list[str]:
     Splits on ``\\n`` only (captions may hold other Unicode line separators), and a missing final
     newline is harmless (some XTD10 files lack one).
     """
-    require_file(path)
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8", newline="") as f:
-        lines = f.read().split("\n")
+    lines = decode_utf8(path, read_bytes(path)).split("\n")
     if lines and lines[-1] == "":
         lines.pop()
     return [line.removesuffix("\r") for line in lines]
+
+
+def read_bytes(path: Path) -> bytes:
+    """The bytes of a file, unpacked when the name ends in ``.gz``; a damaged archive is named."""
+    require_file(path)
+    if path.suffix != ".gz":
+        return path.read_bytes()
+    try:
+        with gzip.open(path, "rb") as f:
+            return f.read()
+    except (OSError, EOFError) as err:
+        raise ValueError(f"{path}: not a readable gzip file ({err})") from None
+
+
+def decode_utf8(path: Path, raw: bytes) -> str:
+    """``raw`` as UTF-8 text; an undecodable byte fails naming the file, line and byte."""
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
+        raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
+                         f"{column}); re-encode the file as UTF-8") from None
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
@@ -51,10 +71,8 @@ def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:
 
 def read_json(path: Path) -> Any:
     """Parse one JSON document; a syntax error fails naming the file and position."""
-    require_file(path)
     try:
-        with path.open(encoding="utf-8") as f:
-            return json.load(f)
+        return json.loads(decode_utf8(path, read_bytes(path)))
     except json.JSONDecodeError as err:
         raise ValueError(f"{path}:{err.lineno}: not valid JSON ({err.msg})") from None
 

@@ -49,19 +49,39 @@ def transformer_stack(
 
 
 def load_state_dict_file(path: str | Path) -> dict[str, Tensor]:
-    """Tensors of a local torch/safetensors checkpoint, unwrapping ``state_dict``/``model``."""
+    """Tensors of a local torch/safetensors checkpoint, unwrapping ``state_dict``/``model``; a file
+    that is unreadable or holds anything but named tensors is an error naming it."""
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: pretrained checkpoint not found")
     if path.suffix == ".safetensors":
+        from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        return load_file(str(path))
-    state = torch.load(path, map_location="cpu", weights_only=True)
+        try:
+            return load_file(str(path))
+        except SafetensorError as err:
+            raise ValueError(f"{path}: not a readable safetensors file ({err}); is it truncated?") from None
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
+        reason = " ".join(str(err).split())[:160]
+        raise ValueError(f"{path}: not a readable torch checkpoint ({type(err).__name__}: {reason})") from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
+    check_state_dict(state, path)
     return state
+
+
+def check_state_dict(state: Any, path: str | Path) -> None:
+    """``state`` must map parameter names to tensors (what ``load_state_dict`` takes)."""
+    if not isinstance(state, dict):
+        raise ValueError(f"{path}: not a state dict (it holds a {type(state).__name__})")
+    for key, value in state.items():
+        if not isinstance(key, str) or not isinstance(value, Tensor):
+            raise ValueError(f"{path}: not a state dict (entry {key!r} is "
+                             f"{type(value).__name__}, not a tensor)")
 
 
 def load_weights(module: nn.Module, path: str | Path, ignore_prefixes: Sequence[str] = ()) -> None:
@@ -84,6 +104,12 @@ def load_weights(module: nn.Module, path: str | Path, ignore_prefixes: Sequence[
 
 def _is_local_path(pretrained: Any) -> bool:
     return isinstance(pretrained, (str, Path)) and Path(pretrained).exists()
+
+
+def _names_a_folder(name: str) -> bool:
+    """A Hugging Face name that can only be a local folder (absolute, ``./``, ``../``, ``~``);
+    ``org/model`` stays a hub name."""
+    return name.startswith(("/", "./", "../", "~")) or Path(name).is_absolute()
 
 
 def _plain(mapping: Mapping[str, Any] | None) -> dict[str, Any]:
@@ -203,6 +229,8 @@ def build_open_clip(
     import open_clip
 
     if config is None:
+        if _is_local_path(pretrained):  # open_clip reads it unchecked; a bad file is named here
+            load_state_dict_file(pretrained)
         return open_clip.create_model(model, pretrained=pretrained or None, **options)
     clip = open_clip.CLIP(**config, **options)
     if pretrained:
@@ -384,6 +412,8 @@ class HFText(nn.Module):
         super().__init__()
         from transformers import AutoConfig, AutoModel
 
+        if _names_a_folder(model) and not Path(model).expanduser().is_dir():
+            raise FileNotFoundError(f"hf:{model}: no such model folder")
         if config is not None:
             hf_config = AutoConfig.for_model(**config)
             self.model = AutoModel.from_config(hf_config, **options)

@@ -151,11 +151,18 @@ def _hf_kwargs(spec: DualSpec) -> dict[str, Any]:
 def _open_clip_model(spec: DualSpec):
     import open_clip
 
+    from methods.layers.encoders import load_state_dict_file
+
+    local = Path(spec.pretrained) if spec.pretrained else None
+    weights = [local] if local is not None and local.is_file() else []
     if spec.model.startswith("local-dir:"):
         folder = Path(spec.model.removeprefix("local-dir:"))
-        if not any(any(folder.glob(p)) for p in ("*.safetensors", "*.bin", "*.pth")):
+        weights = sorted(f for p in ("*.safetensors", "*.bin", "*.pth") for f in folder.glob(p))
+        if not weights:
             raise PretrainedModelError(f"{folder} holds no open_clip weights (*.safetensors, "
                                        "*.bin, *.pth); open_clip would build random weights")
+    for path in weights:  # open_clip reads them unchecked: a foreign or truncated file is named here
+        load_state_dict_file(path)
     model, _, transform = open_clip.create_model_and_transforms(spec.model, pretrained=spec.pretrained)
     return model, transform, open_clip.get_tokenizer(spec.model)
 
