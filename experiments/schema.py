@@ -42,6 +42,7 @@ class OptimConfig:
     warmup_ratio: Optional[float] = bounded(None, minimum=0)
     schedule: str = "cosine"
     min_lr_ratio: float = bounded(0.01, minimum=0)
+    grad_cache_chunks: int = bounded(1, minimum=1)
 
 
 @dataclass

@@ -51,7 +51,13 @@ class RetrievalModule(L.LightningModule):
     Subclasses read their settings from ``self.method_cfg``, ``self.optim_cfg``, ``self.eval_cfg``
     (DictConfig) and ``self.data_info`` rather than the raw arguments: a checkpoint rebuilds the
     module from plain dicts, which the base normalises.
+
+    A method whose training step encodes through ``methods.layers.grad_cache.encode_in_chunks``
+    with ``self.grad_cache_chunks`` sets ``supports_grad_cache``; the others refuse
+    ``optim.grad_cache_chunks`` > 1.
     """
+
+    supports_grad_cache = False
 
     def __init__(self, method, optim, data, evaluation):
         super().__init__()
@@ -72,6 +78,14 @@ class RetrievalModule(L.LightningModule):
         self.evaluation: metrics.RetrievalEvaluation | None = None  # one per evaluation epoch
         self._last_batch_end: float | None = None
         self.eval_batch: dict | None = None  # the evaluation batch being encoded (None outside)
+        if self.grad_cache_chunks > 1 and not self.supports_grad_cache:
+            raise ValueError(f"optim.grad_cache_chunks={self.grad_cache_chunks}: {type(self).__name__} does "
+                             "not encode its training batch in micro-batches; set it to 1")
+
+    @property
+    def grad_cache_chunks(self) -> int:
+        """Micro-batches each training batch is encoded in (``optim.grad_cache_chunks``, 1: none)."""
+        return int(self.optim_cfg.get("grad_cache_chunks", 1))
 
     # ---- what a method provides ---------------------------------------------------------------
 
