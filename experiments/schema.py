@@ -113,6 +113,7 @@ class DataConfig:
     roi_features: Optional[str] = None  # precomputed ROI features: an LMDB or a .npy folder
     roi_regions: int = bounded(36, minimum=1)  # regions per image in a batch (padded and masked)
     on_missing_roi: str = "error"
+    shuffle_buffer: int = bounded(1000, minimum=1)  # raw samples a streamed (sharded) split shuffles in
 
 
 @dataclass

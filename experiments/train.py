@@ -19,6 +19,7 @@ from omegaconf import DictConfig
 
 import methods
 from datamodules.datamodule import CCRDataModule
+from datamodules.shards import SkippedSamples
 from experiments import cli
 from experiments.config import compose
 from experiments.runs import (
@@ -62,7 +63,8 @@ class StageData(L.LightningDataModule):
         loader = self.stage.dataloader(self.data)
         if self.position is not None and self.position.resumed is not None:
             epoch, batches = self.position.resumed
-            loader.sampler.resume(epoch, batches * (loader.batch_size or 1))
+            resumable = loader if hasattr(loader, "resume") else loader.sampler  # a stream, or a sampler
+            resumable.resume(epoch, batches * (loader.batch_size or 1))
         return loader
 
     def val_dataloader(self):
@@ -83,7 +85,7 @@ def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataMo
     data.setup("fit")
     for role in roles:
         if role == "test" or cfg.data.splits.get(role) is not None:
-            data.records(role)
+            data.check_split(role)
     return data
 
 
@@ -172,7 +174,7 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
             name = f"{folder.name}-resumed-at-{step}"
         position = TrainingPosition()
         selection = selection_checkpoint(cfg, folder) if final else None
-        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name),
+        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name), SkippedSamples(),
                      *([selection] if selection else [])]
         trainer = build_trainer(cfg, run_dir, folder, stage.max_steps, callbacks=callbacks,
                                 log_version=free_log_version(run_dir, name))
