@@ -194,9 +194,12 @@ class ShardStream(IterableDataset):
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
-        slot = self.rank * self.workers + worker
-        # The loader takes batches from its workers in turn: worker w made batches w, w+N, ...
-        done = max(0, math.ceil((self.skip - worker) / self.workers))
+        # The loader takes batches from its workers in turn, worker 0 first: the worker of slot
+        # position p makes batches p, p+N, ... of the epoch. After ``skip`` batches, batch ``skip``
+        # comes first, so worker w plays position (w + skip) mod N.
+        position = (worker + self.skip) % self.workers
+        slot = self.rank * self.workers + position
+        done = max(0, math.ceil((self.skip - position) / self.workers))
         shards = self.slot_shards(slot)
         if not any(self.index.samples[self.index.files.index(p.name)] for p in shards):
             raise ValueError(f"{self.index.folder}: the shards dealt to slot {slot} hold no sample")
