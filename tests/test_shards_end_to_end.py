@@ -1,0 +1,55 @@
+"""A run on a sharded world (``data=shards``) killed mid-epoch and resumed with ``ckpt_path=last``
+continues at the same sample on every worker and ends with the scores of the uninterrupted run."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from datamodules import shards
+
+REPO = Path(__file__).resolve().parents[1]
+WORLD = ["data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=16",
+         "data.synthetic.num_pretrain=48", "data.languages=[en,de,ja]", "data.backbones=null"]
+# 48 samples in 8 shards, 2 loader workers, batches of 8: 3 batches per worker, 6 per epoch.
+SHARDED_RUN = ["method=clip", "data=shards", "data.languages=[en,de,ja]", "data.batch_size=8",
+               "data.eval_batch_size=16", "data.num_workers=2", "data.shuffle_buffer=8",
+               "data.tokenizer.vocab_size=400", "data.image_size=32", "data.max_length=48",
+               "method.image_encoder.name=tiny", "method.text_encoder.name=tiny",
+               "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=3",
+               "trainer.check_val_every_n_epoch=1", "trainer.log_every_n_steps=1",
+               "trainer.progress_refresh_rate=0", "trainer.cpu_threads=1"]
+
+
+@pytest.fixture(scope="module")
+def sharded_world(tmp_path_factory):
+    root = tmp_path_factory.mktemp("sharded")
+    shards.main(["write", str(root / "shards"), "--shard-size", "6", f"data.root={root / 'world'}", *WORLD])
+    return root
+
+
+def run(script_args, root, run_id, *extra):
+    argv = [*SHARDED_RUN, f"data.root={root / 'shards'}", f"data.cache_dir={root / 'cache'}",
+            f"run_dir={root / 'runs'}", f"run_id={run_id}", *extra]
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(["timeout", "300", sys.executable, *script_args, *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True)
+
+
+@pytest.mark.slow
+def test_a_killed_sharded_run_resumes_at_the_same_sample_and_ends_with_the_same_scores(sharded_world):
+    done = run(["-m", "experiments.train"], sharded_world, "whole")
+    assert done.returncode == 0, done.stderr[-2000:]
+    whole = json.loads((sharded_world / "runs" / "shards" / "clip" / "whole" / "metrics.json").read_text())
+    # Killed at batch 11 (epoch 1): resumes from step 9, 3 batches into the epoch, so the first
+    # resumed batch comes from the other worker than in a fresh epoch.
+    killed = run([str(REPO / "tests" / "interrupted_train.py"), "KILL", "11"], sharded_world, "cut")
+    assert killed.returncode != 0
+    resumed = run(["-m", "experiments.train"], sharded_world, "cut", "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    result = json.loads((sharded_world / "runs" / "shards" / "clip" / "cut" / "metrics.json").read_text())
+    assert result["resumed_from_step"] == 9 and result["train_steps"] == 12
+    assert result["metrics"] == whole["metrics"]
