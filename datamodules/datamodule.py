@@ -509,7 +509,8 @@ class CCRDataModule(L.LightningDataModule):
         stream = shards.ShardStream(
             self.shard_index("train"), languages=languages, transform=self.image_transform(),
             collate=collate, label_index=self._labels, batch_size=batch_size, seed=self.seed,
-            buffer=int(self.cfg.shuffle_buffer), num_workers=int(self.cfg.num_workers))
+            buffer=int(self.cfg.shuffle_buffer), slots=int(self.cfg.stream_slots),
+            num_workers=int(self.cfg.num_workers))
         return shards.StreamLoader(stream, int(self.cfg.num_workers))
 
     def eval_view(self, role: str) -> EvalView:

@@ -11,20 +11,25 @@ Layout of one split (``<root>/<split>/``), as img2dataset writes it plus an inde
 - ``captions.jsonl``: every sample's captions, one line per sample, for the offline tokenizer.
 
 How a training epoch streams (``ShardStream``): the shards are shuffled by (seed, epoch) and dealt
-round-robin to the W·N *slots* (W processes × N loader workers each). Every slot yields the same
-number of batches, ``floor(total samples / (W·N·batch size))``: a slot whose shards hold fewer
-samples cycles through them again, one whose shards hold more stops early (its tail is seen in
-other epochs, whose deal differs). Equal batch counts on every rank are what keep DDP from hanging
-on a collective that one rank never reaches. Each slot reads its shards sequentially through a
-seeded shuffle buffer of raw (undecoded) samples; a batch is the next ``batch size`` raw samples,
-decoded. A sample that fails to decode, or has no caption in the requested languages, is dropped
-from its batch (the batch is one row short; every loss here takes unequal rows per process) and
-counted. So the raw position after ``b`` batches is exactly ``b × batch size``: a resumed run
-replays the buffer over the raw samples without decoding them and continues at the same sample on
-every rank; per-sample random draws (which caption) are seeded by (seed, epoch, slot, position).
+round-robin to S *slots* (``data.stream_slots``, a multiple of the W processes); process r owns S/W
+of them. Each slot reads its shards in turn through a seeded shuffle buffer of raw (undecoded)
+samples, cycling through them again when they run out. A global batch of W·B samples takes W·B/S
+consecutive samples from every slot, in slot order, so process r's batch is its slots' chunks:
+every rank streams ``floor(total samples / (W·B))`` batches per epoch whatever the shard sizes
+(equal counts keep DDP from hanging on a collective one rank never reaches), and the global batch,
+its row order and every sample's random draws are the same for any W and any number of loader
+workers: a 2-node run sees the batches a 1-process run of the same global batch sees. A slot whose
+shards hold more samples than the epoch needs stops early; its tail comes in other epochs, whose
+deal differs. A loader worker decodes only its own batches (the loader takes them from its
+workers in turn) and reads past the others' raw samples, so N workers read every byte N times.
 
-The order depends on W and N (the slots), not only on the seed: the same data and seed with
-another worker count is another (equally valid) stream. Shards must be at least W·N.
+A sample that fails to decode, or has no caption in the requested languages, is dropped from its
+batch (one row short; every loss here takes unequal rows per process) and counted. So the raw
+position after ``b`` batches is exactly ``b × chunk`` in every slot: a resumed run replays the
+buffers over the raw samples without decoding them and continues at the same sample on every
+rank; per-sample draws (which caption) are seeded by (seed, epoch, slot, position).
+
+Shards must be at least S.
 
 We chose webdataset (its tar reader and writer) over LitData: the format is the one img2dataset
 writes for CC3M-scale data, so existing shards work as they are; the shard-to-slot deal, equal
@@ -37,7 +42,6 @@ from __future__ import annotations
 import argparse
 import io
 import json
-import math
 import random
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -161,57 +165,66 @@ class ShardStream(IterableDataset):
 
     def __init__(self, index: ShardIndex, *, languages: Sequence[str], transform: ImageTransform,
                  collate: TrainCollate, label_index: dict[str, int], batch_size: int, seed: int,
-                 buffer: int, num_workers: int, world: int | None = None, rank: int | None = None):
+                 buffer: int, slots: int, num_workers: int, world: int | None = None,
+                 rank: int | None = None):
         distributed = dist.is_available() and dist.is_initialized()
         self.world = world if world is not None else dist.get_world_size() if distributed else 1
         self.rank = rank if rank is not None else dist.get_rank() if distributed else 0
         self.index, self.languages, self.transform = index, list(languages), transform
         self.collate, self.label_index = collate, label_index
-        self.batch_size, self.seed, self.buffer = batch_size, seed, buffer
+        self.batch_size, self.seed, self.buffer, self.slots = batch_size, seed, buffer, slots
         self.workers = max(num_workers, 1)
-        slots = self.world * self.workers
+        where = f"{index.folder}: data.stream_slots={slots}"
+        if slots % self.world:
+            raise ValueError(f"{where} is not a multiple of the {self.world} processes")
+        if batch_size % (slots // self.world):
+            raise ValueError(f"{where}: a process's batch of {batch_size} does not split into equal "
+                             f"chunks from its {slots // self.world} slots")
         if len(index.files) < slots:
-            raise ValueError(f"{index.folder}: {len(index.files)} shards cannot feed {slots} slots "
-                             f"({self.world} processes x {self.workers} loader workers); write at "
-                             "least that many shards or lower data.num_workers")
-        self.batches_per_slot = index.total // (slots * batch_size)
+            raise ValueError(f"{where}: only {len(index.files)} shards; write at least as many "
+                             "shards as slots, or lower data.stream_slots")
+        self.chunk = batch_size // (slots // self.world)  # samples per slot in a batch
+        self.batches = index.total // (slots * self.chunk)  # per epoch, the same on every rank
         self.epoch, self.skip = 0, 0
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
-        return self.batches_per_slot * self.workers
+        return self.batches
 
     def start(self, epoch: int, batches_done: int = 0) -> None:
         self.epoch, self.skip = epoch, batches_done
 
     def slot_shards(self, slot: int) -> list[Path]:
-        """The shards dealt to ``slot`` (rank * workers + worker) in this epoch."""
+        """The shards dealt to ``slot`` in this epoch (shuffled by seed and epoch, round-robin)."""
         order = list(range(len(self.index.files)))
         random.Random(f"{self.seed}/{self.epoch}").shuffle(order)
-        slots = self.world * self.workers
-        return [self.index.folder / self.index.files[i] for i in order[slot::slots]]
+        return [self.index.folder / self.index.files[i] for i in order[slot::self.slots]]
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
         worker = 0 if info is None else info.id
-        # The loader takes batches from its workers in turn, worker 0 first: the worker of slot
-        # position p makes batches p, p+N, ... of the epoch. After ``skip`` batches, batch ``skip``
-        # comes first, so worker w plays position (w + skip) mod N.
-        position = (worker + self.skip) % self.workers
-        slot = self.rank * self.workers + position
-        done = max(0, math.ceil((self.skip - position) / self.workers))
-        shards = self.slot_shards(slot)
-        if not any(self.index.samples[self.index.files.index(p.name)] for p in shards):
-            raise ValueError(f"{self.index.folder}: the shards dealt to slot {slot} hold no sample")
-        raw = SeededBuffer(self.buffer, hash_seed(self.seed, self.epoch, slot))(cycle(shards))
-        for _ in range(done * self.batch_size):  # replay without decoding
-            next(raw)
-        for batch in range(done, self.batches_per_slot):
-            position = batch * self.batch_size
+        per_rank = self.slots // self.world
+        slots = range(self.rank * per_rank, (self.rank + 1) * per_rank)
+        streams = []
+        for slot in slots:
+            shards = self.slot_shards(slot)
+            if not any(self.index.samples[self.index.files.index(p.name)] for p in shards):
+                raise ValueError(f"{self.index.folder}: the shards dealt to slot {slot} hold no sample")
+            streams.append(SeededBuffer(self.buffer, hash_seed(self.seed, self.epoch, slot))(cycle(shards)))
+        for batch in range(self.batches):
+            # The loader takes batches from its workers in turn, worker 0 first (also when resumed):
+            # worker w makes batches skip + w, skip + w + N, ...; the others' samples it reads
+            # past without decoding, as it does the batches done before a resume.
+            mine = batch >= self.skip and (batch - self.skip) % self.workers == worker
             items, skipped = [], []
-            for offset in range(self.batch_size):
-                item = self.item(next(raw), slot, position + offset)
-                (skipped if isinstance(item, str) else items).append(item)
+            for slot, stream in zip(slots, streams):
+                for offset in range(self.chunk):
+                    sample = next(stream)
+                    if mine:
+                        item = self.item(sample, slot, batch * self.chunk + offset)
+                        (skipped if isinstance(item, str) else items).append(item)
+            if not mine:
+                continue
             if not items:
                 raise ValueError(f"{self.index.folder}: every sample of a batch failed, e.g. {skipped[0]}")
             yield self.collate(items) | {"skipped_samples": skipped}

@@ -114,6 +114,7 @@ class DataConfig:
     roi_regions: int = bounded(36, minimum=1)  # regions per image in a batch (padded and masked)
     on_missing_roi: str = "error"
     shuffle_buffer: int = bounded(1000, minimum=1)  # raw samples a streamed (sharded) split shuffles in
+    stream_slots: int = bounded(8, minimum=1)  # a streamed split's reading slots (datamodules/shards.py)
 
 
 @dataclass

@@ -64,10 +64,10 @@ def collate(items):
             "images": torch.stack([item["image"] for item in items])}
 
 
-def stream(index, world=1, rank=0, workers=0, batch_size=4, buffer=5, seed=0):
+def stream(index, world=1, rank=0, workers=0, batch_size=4, buffer=5, seed=0, slots=2):
     return ShardStream(index, languages=LANGUAGES, transform=ImageTransform(4, (0, 0, 0), (1, 1, 1)),
                        collate=collate, label_index={}, batch_size=batch_size, seed=seed, buffer=buffer,
-                       num_workers=workers, world=world, rank=rank)
+                       slots=slots, num_workers=workers, world=world, rank=rank)
 
 
 def epoch_batches(loader, epochs=1):
@@ -90,13 +90,28 @@ def test_written_shards_give_back_every_record_with_its_captions_and_image(tmp_p
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_rank_streams_the_same_number_of_batches_whatever_the_shard_sizes(tmp_path, workers):
     index = write_uneven(tmp_path, [3, 17, 5, 11, 2, 9])  # 47 samples
-    loaders = [StreamLoader(stream(index, world=2, rank=rank, workers=workers), workers) for rank in range(2)]
-    expected = 47 // (2 * max(workers, 1) * 4) * max(workers, 1)
+    loaders = [StreamLoader(stream(index, world=2, rank=rank, workers=workers, slots=4), workers)
+               for rank in range(2)]
     for epochs in (epoch_batches(loader, 2) for loader in loaders):
-        assert [len(batches) for batches in epochs] == [expected, expected]
+        assert [len(batches) for batches in epochs] == [47 // 8, 47 // 8]
         assert all(len(batch["ids"]) == 4 for batches in epochs for batch in batches)
     ids = [[i for batch in epochs[0] for i in batch["ids"]] for epochs in (epoch_batches(l) for l in loaders)]
     assert not set(ids[0]) & set(ids[1])  # ranks read different shards in an epoch
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_two_ranks_together_stream_the_batches_of_one_process_with_their_global_batch(tmp_path, workers):
+    index = write_uneven(tmp_path, [3, 17, 5, 11, 2, 9])
+    single = epoch_batches(StreamLoader(stream(index, batch_size=8, slots=4), 0), 2)
+    ranks = [epoch_batches(StreamLoader(stream(index, world=2, rank=r, workers=workers, slots=4), workers), 2)
+             for r in range(2)]
+    for epoch in range(2):
+        assert len(single[epoch]) == len(ranks[0][epoch]) == 47 // 8
+        for j, whole in enumerate(single[epoch]):
+            parts = [ranks[r][epoch][j] for r in range(2)]
+            assert whole["ids"] == parts[0]["ids"] + parts[1]["ids"]
+            assert whole["texts"] == parts[0]["texts"] + parts[1]["texts"]
+            assert torch.equal(whole["images"], torch.cat([p["images"] for p in parts]))
 
 
 def test_epochs_deal_shards_differently_and_the_same_seed_repeats_them(tmp_path):
@@ -123,7 +138,7 @@ def test_a_resumed_stream_continues_at_the_same_sample_with_the_same_draws(tmp_p
 
 def test_parallel_captions_keep_one_index_across_languages(tmp_path):
     index = write_uneven(tmp_path, [20])
-    texts = [t for batch in StreamLoader(stream(index), 0) for t in batch["texts"]]
+    texts = [t for batch in StreamLoader(stream(index, slots=1), 0) for t in batch["texts"]]
     pairs = [(en.split()[-1], de.split()[-1]) for en, de in texts if de is not None]
     assert pairs and all(a == b for a, b in pairs) and {a for a, _ in pairs} == {"a", "b"}
 
@@ -146,7 +161,7 @@ def test_undecodable_samples_are_dropped_from_their_batch_and_named(tmp_path):
     index = write_uneven(tmp_path, [8])
     corrupt(index, 0, "000000002.png", b"not an image")
     corrupt(index, 0, "000000005.json", b"{broken")
-    batches = list(StreamLoader(stream(index, batch_size=8, buffer=1), 0))
+    batches = list(StreamLoader(stream(index, batch_size=8, buffer=1, slots=1), 0))
     assert len(batches) == 1 and len(batches[0]["ids"]) == 6
     assert sorted(batches[0]["ids"]) == ["0", "1", "3", "4", "6", "7"]
     skipped = batches[0]["skipped_samples"]
@@ -164,7 +179,9 @@ def test_the_check_before_training_reads_a_sample_not_every_shard(tmp_path):
         sampled_check(index, ["en", "fr"])
 
 
-def test_fewer_shards_than_process_worker_slots_is_an_error(tmp_path):
+def test_fewer_shards_than_slots_or_slots_not_shared_by_the_processes_is_an_error(tmp_path):
     index = write_uneven(tmp_path, [4, 4, 4])
-    with pytest.raises(ValueError, match="3 shards cannot feed 4 slots"):
-        stream(index, world=2, workers=2)
+    with pytest.raises(ValueError, match="stream_slots=4: only 3 shards"):
+        stream(index, world=2, slots=4)
+    with pytest.raises(ValueError, match="stream_slots=3 is not a multiple of the 2 processes"):
+        stream(index, world=2, slots=3)

@@ -16,7 +16,7 @@ WORLD = ["data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synth
          "data.synthetic.num_pretrain=48", "data.languages=[en,de,ja]", "data.backbones=null"]
 # 48 samples in 8 shards, 2 loader workers, batches of 8: 3 batches per worker, 6 per epoch.
 SHARDED_RUN = ["method=clip", "data=shards", "data.languages=[en,de,ja]", "data.batch_size=8",
-               "data.eval_batch_size=16", "data.num_workers=2", "data.shuffle_buffer=8",
+               "data.eval_batch_size=16", "data.num_workers=2", "data.shuffle_buffer=8", "data.stream_slots=2",
                "data.tokenizer.vocab_size=400", "data.image_size=32", "data.max_length=48",
                "method.image_encoder.name=tiny", "method.text_encoder.name=tiny",
                "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=3",
