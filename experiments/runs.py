@@ -256,7 +256,10 @@ def git_commit() -> str:
 
 
 def save_config(cfg: DictConfig, run_dir: Path) -> None:
-    write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    """Write the run's config, from the process that claimed the folder only: another node's
+    process, started at the same time, must not create the folder before that claim."""
+    if not _is_spawned_rank():
+        write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
 
 
 def scorer_label(cfg: DictConfig) -> str:
