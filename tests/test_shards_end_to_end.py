@@ -40,11 +40,16 @@ def run(script_args, root, run_id, *extra):
                           capture_output=True, text=True)
 
 
-@pytest.mark.slow
-def test_a_killed_sharded_run_resumes_at_the_same_sample_and_ends_with_the_same_scores(sharded_world):
+@pytest.fixture(scope="module")
+def uninterrupted(sharded_world):
     done = run(["-m", "experiments.train"], sharded_world, "whole")
     assert done.returncode == 0, done.stderr[-2000:]
-    whole = json.loads((sharded_world / "runs" / "shards" / "clip" / "whole" / "metrics.json").read_text())
+    return json.loads((sharded_world / "runs" / "shards" / "clip" / "whole" / "metrics.json").read_text())
+
+
+@pytest.mark.slow
+def test_a_killed_sharded_run_resumes_at_the_same_sample_and_ends_with_the_same_scores(sharded_world,
+                                                                                      uninterrupted):
     # Killed at batch 11 (epoch 1): resumes from step 9, 3 batches into the epoch, so the first
     # resumed batch comes from the other worker than in a fresh epoch.
     killed = run([str(REPO / "tests" / "interrupted_train.py"), "KILL", "11"], sharded_world, "cut")
@@ -53,7 +58,36 @@ def test_a_killed_sharded_run_resumes_at_the_same_sample_and_ends_with_the_same_
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     result = json.loads((sharded_world / "runs" / "shards" / "clip" / "cut" / "metrics.json").read_text())
     assert result["resumed_from_step"] == 9 and result["train_steps"] == 12
-    assert result["metrics"] == whole["metrics"]
+    assert result["metrics"] == uninterrupted["metrics"]
+
+
+@pytest.mark.slow
+def test_a_slurm_requeue_signal_saves_a_checkpoint_and_the_requeued_job_finishes_with_the_same_scores(
+        sharded_world, uninterrupted, tmp_path, monkeypatch):
+    """SLURM sends SIGUSR1 before preempting (``#SBATCH --signal=USR1@90``); Lightning's SLURM
+    environment saves ``hpc_ckpt_1.ckpt`` and calls ``scontrol requeue``. Here the SLURM variables
+    are faked and ``scontrol`` is a script that logs its call and kills the job, as the requeue
+    does; the job then starts again with the sbatch script's command (``ckpt_path=last``)."""
+    scontrol = tmp_path / "bin" / "scontrol"
+    scontrol.parent.mkdir()
+    scontrol.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\nkill -KILL $PPID\n')
+    scontrol.chmod(0o755)
+    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "ccr", "SLURM_NTASKS": "1",
+             "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
+             "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
+             "PATH": f"{scontrol.parent}:{os.environ['PATH']}", "SCONTROL_LOG": str(tmp_path / "scontrol.log")}
+    for key, value in slurm.items():
+        monkeypatch.setenv(key, value)
+    preempted = run([str(REPO / "tests" / "interrupted_train.py"), "USR1", "8"], sharded_world, "slurm")
+    assert preempted.returncode != 0
+    assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
+    folder = sharded_world / "runs" / "shards" / "clip" / "slurm" / "checkpoints"
+    assert (folder / "hpc_ckpt_1.ckpt").exists()
+    requeued = run(["-m", "experiments.train"], sharded_world, "slurm", "ckpt_path=last")
+    assert requeued.returncode == 0, requeued.stderr[-2000:]
+    result = json.loads((folder.parent / "metrics.json").read_text())
+    assert result["resumed_from_step"] == 7 and result["train_steps"] == 12  # not last.ckpt's 6
+    assert result["metrics"] == uninterrupted["metrics"]
 
 
 def free_port():
