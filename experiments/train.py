@@ -4,7 +4,8 @@
 
 Runs the method's stages in order (one, for most methods), resumes an interrupted run exactly with
 ``run_id=<id> ckpt_path=last``, and writes ``runs/<data>/<method>/<run_id>/metrics.json``.
-Every split the run uses is read and validated before the first step; a run that would train
+Every split the run uses is read and validated before the first step (a streamed one,
+``data=shards``, on a sample of its shards); a run that would train
 zero steps, or whose loss becomes non-finite, stops with an error and writes no result.
 """
 
@@ -174,8 +175,8 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
             name = f"{folder.name}-resumed-at-{step}"
         position = TrainingPosition()
         selection = selection_checkpoint(cfg, folder) if final else None
-        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name), SkippedSamples(),
-                     *([selection] if selection else [])]
+        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name),
+                     *([SkippedSamples()] if data.is_sharded else []), *([selection] if selection else [])]
         trainer = build_trainer(cfg, run_dir, folder, stage.max_steps, callbacks=callbacks,
                                 log_version=free_log_version(run_dir, name))
         trainer.fit(module, datamodule=StageData(data, stage, position), ckpt_path=resume,
