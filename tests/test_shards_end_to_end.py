@@ -11,6 +11,8 @@ from pathlib import Path
 import pytest
 
 from datamodules import shards
+from datamodules.datasets import ImageTransform
+from test_shards import collate, corrupt
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = ["data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=16",
@@ -25,11 +27,24 @@ SHARDED_RUN = ["method=clip", "data=shards", "data.languages=[en,de,ja]", "data.
                "trainer.progress_refresh_rate=0", "trainer.cpu_threads=1"]
 
 
+BROKEN = "000000013.png"  # one training image that does not decode: every run drops and counts it
+
+
 @pytest.fixture(scope="module")
 def sharded_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded")
     shards.main(["write", str(root / "shards"), "--shard-size", "6", f"data.root={root / 'world'}", *WORLD])
+    corrupt(shards.ShardIndex.load(root / "shards" / "train"), 2, BROKEN, b"not a png")
     return root
+
+
+def skipped_per_epoch(root, epochs):
+    """How many samples the stream of SHARDED_RUN drops in each epoch, read off the stream itself."""
+    stream = shards.ShardStream(shards.ShardIndex.load(root / "shards" / "train"), languages=["en", "de", "ja"],
+                                transform=ImageTransform(32, (0, 0, 0), (1, 1, 1)), collate=collate,
+                                label_index={}, batch_size=8, seed=0, buffer=8, slots=2, num_workers=0)
+    loader = shards.StreamLoader(stream, 0)
+    return [sum(len(batch["skipped_samples"]) for batch in loader) for _ in range(epochs)]
 
 
 def run(script_args, root, run_id, *extra):
@@ -44,6 +59,14 @@ def run(script_args, root, run_id, *extra):
 def uninterrupted(sharded_world):
     done = run(["-m", "experiments.train"], sharded_world, "whole")
     assert done.returncode == 0, done.stderr[-2000:]
+    # the dropped sample is counted in the log: the sum so far at each epoch's end
+    logged = [row.split(",") for row in (sharded_world / "runs" / "shards" / "clip" / "whole" / "csv" /
+                                         "checkpoints" / "metrics.csv").read_text().splitlines()]
+    column = logged[0].index("train/skipped_samples")
+    counts = [float(row[column]) for row in logged[1:] if row[column]]
+    per_epoch = skipped_per_epoch(sharded_world, 2)
+    assert sum(per_epoch) >= 1 and counts == [per_epoch[0], per_epoch[0] + per_epoch[1]]
+    assert BROKEN.removesuffix(".png") in done.stdout + done.stderr
     return json.loads((sharded_world / "runs" / "shards" / "clip" / "whole" / "metrics.json").read_text())
 
 
