@@ -76,7 +76,7 @@ class ShardIndex:
     labels: tuple[str, ...]
 
     @classmethod
-    def load(cls, folder: str | Path) -> "ShardIndex":
+    def load(cls, folder: str | Path) -> ShardIndex:
         folder = Path(folder)
         path = folder / INDEX
         if not path.is_file():
@@ -324,7 +324,11 @@ def sampled_check(index: ShardIndex, languages: Sequence[str]) -> None:
         if sample is None:
             raise ValueError(f"{index.folder / name}: empty shard")
         _, image = decode_record(sample)
-        ImageTransform(8, (0, 0, 0), (1, 1, 1))(io.BytesIO(image))
+        try:
+            ImageTransform(8, (0, 0, 0), (1, 1, 1))(io.BytesIO(image))
+        except OSError as error:
+            raise ValueError(f"{index.folder / name}: sample {sample['__key__']}: image does not "
+                             f"decode ({error})") from None
 
 
 def extract(index: ShardIndex, target: Path) -> list[Record]:

@@ -10,13 +10,13 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from torch import nn
+from worlds import random_backbones
 
 import methods.layers.grad_cache as grad_cache
 from methods.ccrk import CCRk
-from methods.clip import CLIPModule
 from methods.cl2cm import CL2CM
+from methods.clip import CLIPModule
 from methods.layers.grad_cache import encode_in_chunks
-from worlds import random_backbones
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 ROWS, K, L, VOCAB, IMAGE = 64, 3, 10, 60, 16
@@ -162,7 +162,7 @@ def ddp_worker(rank, init_file, out_dir):
         for name, overrides in CASES:
             module = build(name, chunks=2, **overrides)  # 2 processes x 2 micro-batches of 16
             rows_seen = []
-            module.image_encoder.register_forward_pre_hook(lambda m, args: rows_seen.append(len(args[0])))
+            module.image_encoder.register_forward_pre_hook(lambda m, args, seen=rows_seen: seen.append(len(args[0])))
             model = nn.parallel.DistributedDataParallel(Step(module))
             torch.manual_seed(1)
             loss = model(local)

@@ -151,6 +151,7 @@ def corrupt(index, number, key_suffix, payload):
         for member in tar.getmembers():
             data = tar.extractfile(member).read()
             members.append((member, payload if member.name.endswith(key_suffix) else data))
+    assert any(member.name.endswith(key_suffix) for member, _ in members), f"no {key_suffix} in {path}"
     with tarfile.open(path, "w") as tar:
         for member, data in members:
             member.size = len(data)
@@ -170,10 +171,10 @@ def test_undecodable_samples_are_dropped_from_their_batch_and_named(tmp_path):
 
 def test_the_check_before_training_reads_a_sample_not_every_shard(tmp_path):
     index = write_uneven(tmp_path, [4, 4, 4, 4, 4, 4, 4, 4, 4, 4])
-    corrupt(index, 1, "000000005.png", b"broken image")  # shard 1 is not among the sampled ones
+    corrupt(index, 1, "000000000.png", b"broken image")  # shard 1 is not among the sampled ones
     sampled_check(index, LANGUAGES)
     corrupt(index, 0, "000000000.png", b"broken image")
-    with pytest.raises(Exception):
+    with pytest.raises(ValueError, match=r"shard-000000.tar: sample 000000000: image does not decode"):
         sampled_check(index, LANGUAGES)
     with pytest.raises(ValueError, match=r"languages \['fr'\] are not in the shards"):
         sampled_check(index, ["en", "fr"])

@@ -9,10 +9,10 @@ import sys
 from pathlib import Path
 
 import pytest
+from test_shards import collate, corrupt
 
 from datamodules import shards
 from datamodules.datasets import ImageTransform
-from test_shards import collate, corrupt
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = ["data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=16",
