@@ -20,7 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from . import synthetic
+from . import shards, synthetic
 from .synthetic import backbones
 from .datasets import (
     CaptionCollate,
@@ -43,6 +43,7 @@ from .tokenization import OFFLINE, Tokenizer, build_tokenizer
 from .validation import validate
 
 SYNTHETIC = "synthetic"
+SHARDS = "shards"  # webdataset shards (datamodules/shards.py): training streams, val/test extracted
 
 
 @dataclass
@@ -224,13 +225,34 @@ class CCRDataModule(L.LightningDataModule):
     def captions_parallel(self) -> bool:
         """Whether caption i of every language is a translation of caption i of the others, as
         the dataset declares it (its reader, or the synthetic world)."""
+        if self.is_sharded:
+            return self.shard_index("train").captions_parallel
         return synthetic.CAPTIONS_PARALLEL if self.is_synthetic else captions_parallel(self.cfg.name)
+
+    @property
+    def is_sharded(self) -> bool:
+        return self.cfg.name == SHARDS
+
+    def shard_index(self, role: str) -> shards.ShardIndex:
+        """The shard index of the split playing ``role`` (``<root>/<split>/shards.json``)."""
+        split, _ = parse_split(self.cfg.splits[role], f"data.splits.{role}")
+        return shards.ShardIndex.load(Path(self.cfg.root) / split)
+
+    def check_split(self, role: str) -> None:
+        """Read and validate the split playing ``role`` before training: every record, or for a
+        streamed training split the languages and a sample of its shards."""
+        if self.is_sharded and role == "train":
+            shards.sampled_check(self.shard_index(role), self.languages)
+        else:
+            self.records(role)
 
     @property
     def image_root(self) -> Path:
         """Folder that ``Record.image`` paths are relative to."""
         if self.is_synthetic:
             return synthetic.world_dir(self.cfg.root, self._world_knobs()) / "images"
+        if self.is_sharded:
+            return Path(self.cfg.cache_dir) / "extracted"
         return Path(self.cfg.image_root or self.cfg.root)
 
     def records(self, role: str) -> list[Record]:
@@ -243,8 +265,13 @@ class CCRDataModule(L.LightningDataModule):
                     f"data '{self.cfg.name}' has no {role} split (data.splits.{role} is null)"
                 )
             split, limit = parse_split(spec, f"data.splits.{role}")
+            if self.is_sharded and role == "train":
+                raise ValueError(f"data '{SHARDS}' streams its train split: it has no record list")
             if self.is_synthetic:
                 records = self._world_split(self._world_knobs(), split)
+            elif self.is_sharded:  # a small evaluation split: its images extracted, then validated
+                records = self._validated(shards.extract(self.shard_index(role), self.image_root / split),
+                                          split, self.image_root)
             else:
                 records = self._validated(
                     read_dataset(self.cfg.name, self.cfg.root, split), split, self.image_root
@@ -330,8 +357,11 @@ class CCRDataModule(L.LightningDataModule):
         if self._info is not None:
             return
         tokenizer = self._build_tokenizer()
-        train = self.records("train") if self.cfg.splits.get("train") is not None else []
-        labels = sorted({label for record in train for label in record.extras.get("objects", [])})
+        if self.is_sharded:
+            labels = list(self.shard_index("train").labels)
+        else:
+            train = self.records("train") if self.cfg.splits.get("train") is not None else []
+            labels = sorted({label for record in train for label in record.extras.get("objects", [])})
         self._labels = {label: i for i, label in enumerate(labels)}
         self._info = DataInfo(
             languages=list(self.languages),
@@ -425,7 +455,10 @@ class CCRDataModule(L.LightningDataModule):
             self._tokenizer = pretrained_io.PretrainedTokenizer(self.pretrained)
         if self._tokenizer is None:
             corpus = None
-            if self.cfg.tokenizer.name == OFFLINE:
+            if self.cfg.tokenizer.name == OFFLINE and self.is_sharded:
+                corpus = [t for row in self.shard_index("train").caption_rows()
+                          for lang in self.languages for t in row.get(lang, [])]
+            elif self.cfg.tokenizer.name == OFFLINE:
                 corpus = [
                     t
                     for r in self._tokenizer_records()
@@ -489,6 +522,8 @@ class CCRDataModule(L.LightningDataModule):
         requested languages are left out."""
         languages = list(languages) if languages is not None else self.languages
         self._check_languages(languages)
+        if self.is_sharded:
+            return self._stream_loader(languages, int(batch_size or self.cfg.batch_size))
         records = [
             r for r in self.records("train") if any(lang in r.captions for lang in languages)
         ]
@@ -522,6 +557,16 @@ class CCRDataModule(L.LightningDataModule):
             collate_fn=collate,
             **self.loader,
         )
+
+    def _stream_loader(self, languages: list[str], batch_size: int) -> shards.StreamLoader:
+        """Training batches streamed from the train split's shards (``datamodules/shards.py``)."""
+        collate = TrainCollate(self.tokenizer, self.info.max_length, languages, len(self._labels), False)
+        stream = shards.ShardStream(
+            self.shard_index("train"), languages=languages, transform=self.image_transform(),
+            collate=collate, label_index=self._labels, batch_size=batch_size, seed=self.seed,
+            buffer=int(self.cfg.shuffle_buffer), slots=int(self.cfg.stream_slots),
+            num_workers=int(self.cfg.num_workers))
+        return shards.StreamLoader(stream, int(self.cfg.num_workers))
 
     def eval_view(self, role: str) -> EvalView:
         """The evaluation view of the val or test split (built once)."""

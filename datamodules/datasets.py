@@ -86,34 +86,39 @@ class TrainDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         record = self.records[index]
-        # torch's RNG: seeded per worker by Lightning, so caption choice is reproducible
-        shared = None
-        if self.aligned[index]:
-            count = next(len(record.captions[k]) for k in self.languages if record.captions.get(k))
-            shared = int(torch.randint(count, ()))
-        texts = []
-        for lang in self.languages:
-            options = record.captions.get(lang) or []
-            if not options:
-                texts.append(None)
-            elif shared is not None:
-                texts.append(options[shared])
-            else:
-                texts.append(options[int(torch.randint(len(options), ()))])
-        item = {
-            "image": self.transform(self.image_root / record.image),
-            "texts": texts,
-            "id": record.id,
-            "objects": [
-                self.label_index[o]
-                for o in record.extras.get("objects", [])
-                if o in self.label_index
-            ],
-            "weak": record.extras.get("alignment") == "weak",
-        }
+        item = training_item(record, self.transform(self.image_root / record.image), self.languages,
+                             self.aligned[index], self.label_index)
         if self.rois is not None:
             item.update(self.rois[index])
         return item
+
+
+def training_item(record: Record, image: torch.Tensor, languages: list[str], aligned: bool,
+                  label_index: dict[str, int]) -> dict:
+    """One training item of ``record`` (its decoded ``image``): one caption per language, None
+    where absent; ``aligned``: one caption index drawn for every language (translations by
+    index), else each language draws its own. Draws use torch's RNG (seeded per item by the
+    loaders, so caption choice is reproducible)."""
+    shared = None
+    if aligned:
+        count = next(len(record.captions[k]) for k in languages if record.captions.get(k))
+        shared = int(torch.randint(count, ()))
+    texts = []
+    for lang in languages:
+        options = record.captions.get(lang) or []
+        if not options:
+            texts.append(None)
+        elif shared is not None:
+            texts.append(options[shared])
+        else:
+            texts.append(options[int(torch.randint(len(options), ()))])
+    return {
+        "image": image,
+        "texts": texts,
+        "id": record.id,
+        "objects": [label_index[o] for o in record.extras.get("objects", []) if o in label_index],
+        "weak": record.extras.get("alignment") == "weak",
+    }
 
 
 class TrainCollate:

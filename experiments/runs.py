@@ -206,13 +206,17 @@ def claim_run_dir(cfg: DictConfig) -> Iterator[Path]:
 
 
 def resume_checkpoint(checkpoint_dir: Path, ckpt_path: str | None) -> str | None:
-    """The checkpoint a stage resumes from: an explicit path, its ``last.ckpt``, or none (a
-    stage of a resumed run that had not started yet)."""
+    """The checkpoint a stage resumes from: an explicit path, its newest of ``last.ckpt`` and the
+    ``hpc_ckpt_*.ckpt`` Lightning saves on a SLURM requeue signal (by step; docs/scale.md), or
+    none (a stage of a resumed run that had not started yet)."""
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
-        last = checkpoint_dir / "last.ckpt"
-        return str(last) if last.exists() else None
+        found = [p for p in (checkpoint_dir / "last.ckpt", *sorted(checkpoint_dir.glob("hpc_ckpt_*.ckpt")))
+                 if p.exists()]
+        if not found:
+            return None
+        return str(max(found, key=lambda path: int(load_checkpoint(path)["global_step"])))
     load_checkpoint(ckpt_path)  # a one-line error for a missing or foreign file
     return ckpt_path
 
@@ -285,7 +289,10 @@ def git_commit() -> str:
 
 
 def save_config(cfg: DictConfig, run_dir: Path) -> None:
-    write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
+    """Write the run's config, from the process that claimed the folder only: another node's
+    process, started at the same time, must not create the folder before that claim."""
+    if not _is_spawned_rank():
+        write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
 
 
 def scorer_label(cfg: DictConfig) -> str:

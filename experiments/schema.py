@@ -42,6 +42,7 @@ class OptimConfig:
     warmup_ratio: Optional[float] = bounded(None, minimum=0)
     schedule: str = "cosine"
     min_lr_ratio: float = bounded(0.01, minimum=0)
+    grad_cache_chunks: int = bounded(1, minimum=1)
 
 
 @dataclass
@@ -122,6 +123,8 @@ class DataConfig:
     on_missing_roi: str = "error"
     pretrained_io: Optional[Dict[str, Any]] = None  # a pretrained model's own preprocessing and
                                                     # tokenizer (set by method.encoders=zoo:<name>)
+    shuffle_buffer: int = bounded(1000, minimum=1)  # raw samples a streamed (sharded) split shuffles in
+    stream_slots: int = bounded(8, minimum=1)  # a streamed split's reading slots (datamodules/shards.py)
 
 
 @dataclass

@@ -4,7 +4,8 @@
 
 Runs the method's stages in order (one, for most methods), resumes an interrupted run exactly with
 ``run_id=<id> ckpt_path=last``, and writes ``runs/<data>/<method>/<run_id>/metrics.json``.
-Every split the run uses is read and validated before the first step; a run that would train
+Every split the run uses is read and validated before the first step (a streamed one,
+``data=shards``, on a sample of its shards); a run that would train
 zero steps, or whose loss becomes non-finite, stops with an error and writes no result.
 """
 
@@ -20,6 +21,7 @@ from omegaconf import DictConfig
 
 import methods
 from datamodules.datamodule import CCRDataModule
+from datamodules.shards import SkippedSamples
 from experiments import cli
 from experiments.config import compose
 from experiments.curves import ValidationCurve, run_curve
@@ -69,7 +71,8 @@ class StageData(L.LightningDataModule):
         loader = self.stage.dataloader(self.data)
         if self.position is not None and self.position.resumed is not None:
             epoch, batches = self.position.resumed
-            loader.sampler.resume(epoch, batches * (loader.batch_size or 1))
+            resumable = loader if hasattr(loader, "resume") else loader.sampler  # a stream, or a sampler
+            resumable.resume(epoch, batches * (loader.batch_size or 1))
         return loader
 
     def val_dataloader(self):
@@ -90,7 +93,7 @@ def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataMo
     data.setup("fit")
     for role in roles:
         if role == "test" or cfg.data.splits.get(role) is not None:
-            data.records(role)
+            data.check_split(role)
     return data
 
 
@@ -186,7 +189,7 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
         position = TrainingPosition()
         selection = selection_checkpoint(cfg, folder) if final else None
         callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name), ValidationCurve(folder, step),
-                     *([selection] if selection else [])]
+                     *([SkippedSamples()] if data.is_sharded else []), *([selection] if selection else [])]
         trainer = build_trainer(cfg, run_dir, folder, stage.max_steps, callbacks=callbacks,
                                 log_version=free_log_version(run_dir, name))
         trainer.fit(module, datamodule=StageData(data, stage, position), ckpt_path=resume,

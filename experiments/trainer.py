@@ -293,7 +293,7 @@ def build_trainer(
         logger=loggers,
         callbacks=[checkpoint, TQDMProgressBar(refresh_rate=t.progress_refresh_rate), *callbacks],
         plugins=[AtomicCheckpointIO()],
-        default_root_dir=str(run_dir),
+        default_root_dir=str(checkpoint_dir),  # where a SLURM requeue signal saves hpc_ckpt_N.ckpt
         deterministic=False,
         enable_model_summary=False,
     )

@@ -35,6 +35,7 @@ from methods.layers.contrastive import LearnableTemperature
 from methods.layers.encoders import ImageEncoder, TextEncoder, TextOutput, keep_layers
 from methods.layers.fusion import FusionEncoder
 from methods.layers.fusion_init import fusion_from_hf_layers
+from methods.layers.grad_cache import encode_in_chunks
 from methods.layers.hard_sampling import (
     HardSamples,
     draw_positive_text,
@@ -125,7 +126,13 @@ def build_text_and_fusion(method: Any, data: Any, image_dim: int) -> tuple[TextE
 
 @register("ccrk")
 class CCRk(RetrievalModule):
-    """Image encoder, multilingual text encoder, fusion encoder, projection / ITM / MLM heads, τ."""
+    """Image encoder, multilingual text encoder, fusion encoder, projection / ITM / MLM heads, τ.
+
+    With ``optim.grad_cache_chunks`` > 1 every encoder pass of a training step (image, captions,
+    fusion, masked captions) runs in that many micro-batches (``encode_in_chunks``); KCL, hard
+    sampling, MITM and CMLM still see the whole batch."""
+
+    supports_grad_cache = True
 
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
@@ -176,6 +183,10 @@ class CCRk(RetrievalModule):
                  for rows, size in groups]
         return merge_buckets(parts, order, text_states.shape[1])
 
+    def _chunked_fuse(self, text_states: Tensor, text_mask: Tensor, image_states: Tensor) -> Tensor:
+        """``fuse`` in ``optim.grad_cache_chunks`` micro-batches (training)."""
+        return encode_in_chunks(self.fuse, text_states, text_mask, image_states, chunks=self.grad_cache_chunks)
+
     # ---- training --------------------------------------------------------------------------------
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
@@ -187,8 +198,9 @@ class CCRk(RetrievalModule):
         present = batch["present"].reshape(-1).bool()
         self.temperature.clamp_()  # [ref]: τ is put back into its bounds before every forward pass
 
-        image_states = self.image_encoder(images)
-        text = self.encode_captions(input_ids, attention_mask)
+        chunks = self.grad_cache_chunks
+        image_states = encode_in_chunks(self.image_encoder, images, chunks=chunks)
+        text = encode_in_chunks(self.encode_captions, input_ids, attention_mask, chunks=chunks)
         image_feat, text_feat = self.vision_proj(image_states[:, 0]), self.text_proj(text.pooled)
         temperature = self.temperature()
 
@@ -225,7 +237,8 @@ class CCRk(RetrievalModule):
         """MITM on the hard samples, or (w/o H-MITM) on uniformly drawn positives and negatives."""
         if not self.method_cfg.hard_mitm:
             samples = sample_hard_examples(image_feat, text_feat, temperature, "uniform", present)
-        return matching_loss(self.fuse, self.itm_head, text_states, text_mask, image_states, samples).loss
+        return matching_loss(self._chunked_fuse, self.itm_head, text_states, text_mask, image_states,
+                             samples).loss
 
     def masked_lm_loss(self, input_ids: Tensor, attention_mask: Tensor, image_states: Tensor, present: Tensor,
                        samples: HardSamples) -> Tensor:
@@ -238,8 +251,9 @@ class CCRk(RetrievalModule):
         masked = mask_tokens(input_ids[rows], attention_mask[rows], self.data_info.mask_token_id,
                              self.mlm_head.decoder.out_features, self.special_token_ids,
                              self.method_cfg.mlm.mask_probability)
-        text = self.encode_captions(masked.input_ids, attention_mask[rows])
-        fused = self.fuse(text.states, text.mask, image_states)
+        text = encode_in_chunks(self.encode_captions, masked.input_ids, attention_mask[rows],
+                                chunks=self.grad_cache_chunks)
+        fused = self._chunked_fuse(text.states, text.mask, image_states)
         selected = masked.labels != IGNORE_INDEX
         logits = self.mlm_head(fused[selected])
         return F.cross_entropy(logits.float(), masked.labels[selected])

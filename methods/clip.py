@@ -20,6 +20,7 @@ from methods.layers.base import RetrievalModule
 from methods.layers.batches import sample_one_language
 from methods.layers.contrastive import LearnableTemperature, info_nce
 from methods.layers.encoders import ImageEncoder, TextEncoder
+from methods.layers.grad_cache import encode_in_chunks
 from methods.layers.heads import ProjectionHead
 from methods.registry import register
 
@@ -36,6 +37,7 @@ class CLIPModule(RetrievalModule):
     """Image and text encoders, one projection each into ``embed_dim``, learnable temperature."""
 
     caption_length_invariant = True  # masked encoders, no draws over token positions
+    supports_grad_cache = True
 
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
@@ -79,13 +81,15 @@ class CLIPModule(RetrievalModule):
         return self.text_proj(self.text_encoder(input_ids, attention_mask).pooled)
 
     def contrastive_loss(self, batch: dict) -> Tensor:
-        """Symmetric InfoNCE between every image and its caption in one random present language."""
+        """Symmetric InfoNCE between every image and its caption in one random present language
+        (both encoded in ``optim.grad_cache_chunks`` micro-batches)."""
         rows = torch.arange(len(batch["present"]), device=batch["present"].device)
         language = sample_one_language(batch["present"])
-        text_emb = self.encode_texts(
-            batch["input_ids"][rows, language], batch["attention_mask"][rows, language]
-        )
-        return info_nce(self.encode_images(batch["images"]), text_emb, self.temperature())
+        chunks = self.grad_cache_chunks
+        text_emb = encode_in_chunks(self.encode_texts, batch["input_ids"][rows, language],
+                                    batch["attention_mask"][rows, language], chunks=chunks)
+        image_emb = encode_in_chunks(self.encode_images, batch["images"], chunks=chunks)
+        return info_nce(image_emb, text_emb, self.temperature())
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         loss = self.contrastive_loss(batch)

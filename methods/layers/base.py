@@ -51,6 +51,10 @@ class RetrievalModule(L.LightningModule):
     Subclasses read their settings from ``self.method_cfg``, ``self.optim_cfg``, ``self.eval_cfg``
     (DictConfig) and ``self.data_info`` rather than the raw arguments: a checkpoint rebuilds the
     module from plain dicts, which the base normalises.
+
+    A method whose training step encodes through ``methods.layers.grad_cache.encode_in_chunks``
+    with ``self.grad_cache_chunks`` sets ``supports_grad_cache``; the others refuse
+    ``optim.grad_cache_chunks`` > 1.
     """
 
     # True: the training step computes the same function of the captions (to float rounding)
@@ -59,6 +63,8 @@ class RetrievalModule(L.LightningModule):
     # draws shaped like the batch (dropout) then differ: such a run is another sample of the same
     # training, not a bit-for-bit repeat of a fixed-padding run. Methods not checked refuse it.
     caption_length_invariant = False
+    # True: the method's encoders run micro-batch by micro-batch under optim.grad_cache_chunks.
+    supports_grad_cache = False
 
     method_name: ClassVar[str]  # the name it is registered under (``methods.register``)
 
@@ -86,6 +92,14 @@ class RetrievalModule(L.LightningModule):
         self.evaluation: metrics.RetrievalEvaluation | None = None  # one per evaluation epoch
         self._last_batch_end: float | None = None
         self.eval_batch: dict | None = None  # the evaluation batch being encoded (None outside)
+        if self.grad_cache_chunks > 1 and not self.supports_grad_cache:
+            raise ValueError(f"optim.grad_cache_chunks={self.grad_cache_chunks}: {type(self).__name__} does "
+                             "not encode its training batch in micro-batches; set it to 1")
+
+    @property
+    def grad_cache_chunks(self) -> int:
+        """Micro-batches each training batch is encoded in (``optim.grad_cache_chunks``, 1: none)."""
+        return int(self.optim_cfg.get("grad_cache_chunks", 1))
 
     # ---- what a method provides ---------------------------------------------------------------
 
