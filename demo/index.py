@@ -9,8 +9,9 @@ The demo must show the order the metrics score, so nothing here ranks by its own
   computed per language exactly as ``metrics.retrieval_report`` computes them, so their recalls are
   the run's ``metrics.json`` numbers.
 
-Scores are the dual encoder's similarities (the ``itc`` scorer); a run evaluated with ITM
-re-ranking (``evaluation.rerank_k`` > 0) is shown without it, and ``scorer_note`` says so.
+Scores are the embeddings' similarities (the ``itc`` scorer; RC3's are its probe's, ``probe``); a
+run evaluated with its cross-encoder (ITM re-ranking, or every pair) is shown without it, and
+``scorer_note`` says so.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from torch import Tensor
 
 from experiments.config import ConfigError, apply_overrides, typed
 from experiments.evaluate import find_run_dir
-from experiments.runs import check_checkpoint_method, load_checkpoint
+from experiments.runs import check_checkpoint_method, load_checkpoint, scorer_label
 from experiments.train import build_datamodule, stages_of
 from experiments.trainer import configure_threads
 from metrics.ranks import best_positive_rank, paired_ranks
@@ -169,9 +170,9 @@ def load_index(ckpt: Path, split: str = "test", overrides: Sequence[str] = ()) -
         tokens = tokenizer(texts, max_length)
         return module.encode_texts(tokens["input_ids"], tokens["attention_mask"]).float()
 
-    rerank_k = int(cfg.evaluation.rerank_k)
-    note = (f"ranked by embedding similarity (itc); this run's evaluation re-ranked each query's top "
-            f"{rerank_k} with its matching head, so compare with its eval/{split}-itc metrics") if rerank_k else None
+    embeddings, scored = module.embedding_scorer, scorer_label(cfg)
+    note = (f"ranked by embedding similarity ({embeddings}); this run's evaluation scored with {scored} "
+            f"(its matching head), so compare with its eval/{split}-{embeddings} metrics") if scored != embeddings else None
     return RetrievalIndex(
         checkpoint=Path(ckpt), split=split, scorer_note=note, image_ids=list(view.image_ids),
         image_paths=list(view.image_paths), captions=list(view.captions),

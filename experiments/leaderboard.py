@@ -34,12 +34,13 @@ from datamodules.readers._files import decode_utf8
 from experiments import cli
 from experiments.config import ConfigError, typed
 from experiments.curves import RISING_MARGIN, check_curve, mean_curve, row_rise
-from experiments.runs import config_fingerprint, experiment_settings, plain
+from experiments.runs import config_fingerprint, experiment_settings, plain, scorer_label
 from metrics.protocol import METRIC_PROTOCOL
 
 FAMILY = ("method", "data", "protocol", "scorer")
 OTHER_PROTOCOL, UNRECORDED_PROTOCOL = "†", "‡"
 UNIMODAL = ("i2i/NDCG@", "t2t/NDCG@")
+PROBE = "probe"  # scorer label of rows ranked by RC3's first-stage probe (experiments.runs.scorer_label)
 
 
 def load_results(runs: Path, split: str = "test") -> list[dict]:
@@ -54,6 +55,8 @@ def load_results(runs: Path, split: str = "test") -> list[dict]:
         if "config" in result:
             result["config"] = as_current_code_reads(result["config"], path)
             result["config_fingerprint"] = config_fingerprint(result["config"])
+            if not result.get("external"):  # labels as the current code names the scorer (RC3's probe)
+                result["scorer"] = scorer_label(result["config"])
         elif "config_fingerprint" not in result:
             raise ValueError(f"{path}: has neither config_fingerprint nor config")
         result["_path"], result["_mtime"] = str(path), path.stat().st_mtime
@@ -292,6 +295,11 @@ def _notes(group: list[dict]) -> list[str]:
     for r in partial:
         notes.append(f"- {_row_label(r)}: {r['curve_seeds_without_rise']} seed(s) without a "
                      "validation on both sides of the last fifth; the rise averages the others.")
+    if any(r["scorer"].startswith(PROBE) for r in group):
+        notes.append(f"- scorer {PROBE} / {PROBE}+itm@k: ranked by a linear probe over frozen encoders, which "
+                     "is not part of RC3 (with +itm@k its ITM head re-orders the probe's top k); these rows "
+                     "measure the probe. RC3's own score is itm@all, its ITM head over every pair "
+                     "(docs/rc3.md \"Retrieval\").")
     marks = {r["mark"] for r in group}
     if OTHER_PROTOCOL in marks:
         notes.append(f"- {OTHER_PROTOCOL} scored under another metric protocol than the suite's "

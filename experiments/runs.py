@@ -43,6 +43,8 @@ EXECUTION_ONLY = (
     "trainer.checkpoint_every_n_steps", "trainer.cpu_threads", "method.cpu_threads",
     "data.num_workers", "data.root", "data.image_root", "data.cache_dir",
     "data.tokenizer.download", "trainer.logger", "data.roi_allow_pickle",
+    "evaluation.pair_batch_size", "evaluation.caption_chunk",
+    "method.rerank_batch_size",  # where pair_batch_size lived before evaluation.* had it
 )
 # Keys added after results were published, at the value that reproduces the earlier behaviour: at
 # that value they are left out of a run's settings, so its fingerprint equals that of the earlier
@@ -295,9 +297,23 @@ def save_config(cfg: DictConfig, run_dir: Path) -> None:
         write_atomic(run_dir / "config.yaml", OmegaConf.to_yaml(cfg))
 
 
-def scorer_label(cfg: DictConfig) -> str:
-    """How the ranked scores were made: dual-encoder similarity, or re-ranked top-k."""
-    return f"itm@{cfg.evaluation.rerank_k}" if cfg.evaluation.rerank_k else "itc"
+def scorer_label(cfg: DictConfig | Mapping) -> str:
+    """How the ranked scores were made: ``itm@all``, the method's cross-encoder over every pair;
+    else the method's embeddings (``itc``, or the method's own name for them: RC3's are a probe,
+    ``probe``), with ``itm@k`` (``probe+itm@k``) when the cross-encoder re-ranks each top k."""
+    evaluation = cfg["evaluation"]
+    if evaluation.get("scorer", "embeddings") == "cross_encoder":
+        return "itm@all"
+    import methods  # here, not at the top: the leaderboard reads labels without building models
+
+    try:
+        first = methods.get((cfg.get("method") or {}).get("name")).embedding_scorer
+    except KeyError:  # not a trained method of the suite (an external model's row)
+        first = "itc"
+    rerank_k = evaluation["rerank_k"]
+    if not rerank_k:
+        return first
+    return f"itm@{rerank_k}" if first == "itc" else f"{first}+itm@{rerank_k}"
 
 
 def strict_json(record: Any) -> str:

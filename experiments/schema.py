@@ -52,6 +52,9 @@ class EvaluationConfig:
     unimodal_ndcg_ks: List[int] = bounded_list([10, 20, 50], minimum=1)
     chunk_size: int = bounded(1024, minimum=1)
     rerank_k: int = bounded(0, minimum=0)
+    scorer: str = "embeddings"            # embeddings | cross_encoder (every pair by the method's ITM head)
+    pair_batch_size: int = bounded(512, minimum=1)   # (image, caption) pairs per cross-encoder call
+    caption_chunk: int = bounded(256, minimum=1)     # captions prepared at once for cross-encoder scoring
     select_on: Optional[str] = None       # a val report key (en/mR): test the final stage's best step
 
 
@@ -144,7 +147,7 @@ class RunConfig:
 
 
 CHOICES = {"data.on_missing_image": ("error", "skip"), "data.on_missing_roi": ("error", "skip"),
-           "optim.schedule": ("cosine", "linear"),
+           "optim.schedule": ("cosine", "linear"), "evaluation.scorer": ("embeddings", "cross_encoder"),
            "trainer.float32_matmul_precision": (None, "highest", "high", "medium")}
 
 

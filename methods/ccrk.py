@@ -13,7 +13,8 @@ full spec ``shared/specs/ccrk.md``). Per step, in the paper's order:
 5. **Total** (Eq. 6): the plain sum of the terms.
 
 Retrieval ranks by the dual-encoder cosine; with ``evaluation.rerank_k > 0`` each query's top-k is
-re-scored by the fusion encoder and ITM head (§5).
+re-scored by the fusion encoder and ITM head (§5), and with ``evaluation.scorer=cross_encoder`` every
+pair is (w/o CL), both through ``methods/layers/cross_encoder_scoring.py``.
 
 Ablations (spec §3.5, paper Table 2 / Fig. 5) are named in ``method.ablations`` and selected with
 ``variant=<name>``, which also names the leaderboard row.
@@ -29,7 +30,6 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from metrics.reranking import score_candidate_pairs
 from methods.layers.base import RetrievalModule
 from methods.layers.contrastive import LearnableTemperature
 from methods.layers.encoders import ImageEncoder, TextEncoder, TextOutput, keep_layers
@@ -138,12 +138,13 @@ class CCRk(RetrievalModule):
         super().__init__(method, optim, data, evaluation)
         self.method_cfg = resolve_settings(self.method_cfg)
         method, data = self.method_cfg, self.data_info  # normalised by the base (checkpoints store dicts)
-        if method.contrastive == "none" and self.eval_cfg.rerank_k == 0:
+        if method.contrastive == "none" and self.eval_cfg.rerank_k == 0 and not self.scores_every_pair:
             raise ValueError("method.contrastive=none (w/o CL) ranks every candidate by ITM: set "
-                             "evaluation.rerank_k to at least the number of candidates (e.g. 1000000)")
-        if not method.use_fusion and self.eval_cfg.rerank_k > 0:
-            raise ValueError("method.use_fusion=false (pure contrastive) has no ITM head to re-rank with: "
-                             "set evaluation.rerank_k=0")
+                             "evaluation.scorer=cross_encoder (or, as runs before it did, evaluation.rerank_k "
+                             "to at least the number of candidates)")
+        if not method.use_fusion and (self.eval_cfg.rerank_k > 0 or self.scores_every_pair):
+            raise ValueError("method.use_fusion=false (pure contrastive) has no ITM head to score pairs with: "
+                             "set evaluation.rerank_k=0 and evaluation.scorer=embeddings")
         self.image_encoder = ImageEncoder.from_config(method.image_encoder, data)
         self.text_encoder, fusion = build_text_and_fusion(method, data, self.image_encoder.out_dim)
         width = self.text_encoder.out_dim
@@ -271,48 +272,53 @@ class CCRk(RetrievalModule):
                          for part in ("cross_attn", "norm_cross")]
         return {prefix: scale for prefix in prefixes}
 
-    # ---- evaluation: ITM re-ranking --------------------------------------------------------------
+    # ---- evaluation: the cross-encoder (ITM re-ranking, every pair) ------------------------------
 
     def image_cache(self, images: Tensor) -> Tensor:
         """Image token states, the keys/values the fusion encoder attends to."""
         return self.image_encoder(images)
 
     def text_cache(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Tensor]:
-        """Token ids and masks; the few re-ranked captions are re-encoded on demand."""
+        """Token ids and masks; the scored captions are encoded block by block when scoring."""
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
-    def reranker(self, image_emb_cache: Tensor, text_cache: Mapping[str, Tensor]) -> MatchingReranker | None:
+    def cross_encoder(self, image_cache: Tensor, text_cache: Mapping[str, Tensor]) -> FusionScorer | None:
         if not self.method_cfg.use_fusion:
             return None
-        return MatchingReranker(self, image_emb_cache, text_cache["input_ids"], text_cache["attention_mask"])
+        return FusionScorer(self, image_cache, text_cache["input_ids"], text_cache["attention_mask"])
 
     @torch.no_grad()
     def match_scores(self, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """ITM score of each (image, caption) pair, for ranking: the match probability (as its log-odds)
-        or the raw match logit ([ref]).
+        """ITM score of each (image, caption) pair (see ``fused_scores``), the captions encoded here."""
+        text = self.encode_captions(input_ids, attention_mask)
+        return self.fused_scores(image_states, text.states, text.mask)
+
+    @torch.no_grad()
+    def fused_scores(self, image_states: Tensor, text_states: Tensor, text_mask: Tensor) -> Tensor:
+        """ITM score of each (image, encoded caption) pair, for ranking: the match probability (as
+        its log-odds) or the raw match logit ([ref]).
 
         ``prob`` returns logit[1] − logit[0], whose order is exactly that of softmax(logits)[1]: the
         float32 probability itself rounds to 1.0 beyond log-odds ≈ 17, which a confident head reaches
         for the gold and its near misses alike, and the tied candidates then share their ranks.
         """
-        text = self.encode_captions(input_ids, attention_mask)
-        logits = self.itm_head(self.fuse(text.states, text.mask, image_states)[:, 0]).float()
+        logits = self.itm_head(self.fuse(text_states, text_mask, image_states)[:, 0]).float()
         return logits[:, 1] - logits[:, 0] if self.method_cfg.rerank_score == "prob" else logits[:, 1]
 
 
-class MatchingReranker:
-    """The ``metrics.Reranker`` of CCRk: re-scores top-k candidates with the fusion encoder + ITM head."""
+class FusionScorer:
+    """CCRk's cross-encoder as a ``PairScorer``: a block of captions goes through the text encoder
+    once, each pair through the fusion encoder and ITM head."""
 
     def __init__(self, module: CCRk, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor):
         self.module, self.image_states = module, image_states
         self.input_ids, self.attention_mask = input_ids, attention_mask
+        self.device = image_states.device
 
     @torch.no_grad()
-    def __call__(self, direction: str, query_index: Tensor, candidate_index: Tensor) -> Tensor:
-        """Scores [q, k]; indices are global image indices and caption indices of the evaluated set."""
-        return score_candidate_pairs(
-            direction, query_index, candidate_index,
-            lambda images, captions: self.module.match_scores(
-                self.image_states[images], self.input_ids[captions], self.attention_mask[captions]),
-            self.module.method_cfg.rerank_batch_size, self.image_states.device,
-        )
+    def captions(self, index: Tensor) -> TextOutput:
+        return self.module.encode_captions(self.input_ids[index], self.attention_mask[index])
+
+    @torch.no_grad()
+    def score(self, images: Tensor, block: TextOutput, rows: Tensor) -> Tensor:
+        return self.module.fused_scores(self.image_states[images], block.states[rows], block.mask[rows])

@@ -16,12 +16,17 @@ sum of four objectives on their own data pools (§3.5):
 Visual input (``method.visual.strict_input``): ROI features for strict triplets and evaluation,
 read from the batch (``roi_features`` with its ``roi_mask``: a dataset's precomputed detector
 features, ``data.roi_features``) or else the grid regions of a frozen image backbone (spec §2.8),
-or raw-pixel patches (RC3-Patch); weak triplets always use patches. Retrieval is the paper's
-cross-encoder ITM score, applied to each query's top ``evaluation.rerank_k`` candidates of a first
-stage: linear probe heads trained with InfoNCE on detached features, so they never change what RC3
-trains. They read frozen pretrained encoders (``method.first_stage.image_encoder`` /
-``text_encoder``, the world's ViT and XLM-R by default), or, when those are null, RC3's own passes
-(image-only pass, mean visual state; text TR).
+or raw-pixel patches (RC3-Patch); weak triplets always use patches. Retrieval is the paper's: the ITM
+logit of every (image, tagged caption) pair (``evaluation.scorer=cross_encoder``, the preset's
+default; ``methods/layers/cross_encoder_scoring.py``).
+
+The first stage is not part of RC3: linear probe heads trained with InfoNCE on detached features,
+so they never change what RC3 trains. They read frozen pretrained encoders
+(``method.first_stage.image_encoder`` / ``text_encoder``, the world's ViT and XLM-R by default), or,
+when those are null, RC3's own passes (image-only pass, mean visual state; text TR). Fine-tuning
+takes its hard negative caption from them (IGLUE's precomputed pool stands in), and they rank only
+under ``evaluation.scorer=embeddings``: leaderboard scorer ``probe``, or ``probe+itm@k`` with the ITM
+head over the probe's top k, rows that measure the probe, not RC3.
 
 The run's ``protocol`` picks the stages (spec §5): ``fine-tune-en`` (the paper's) pre-trains, then
 fine-tunes for image-text retrieval on English training captions (IGLUE/VOLTA's 4-candidate
@@ -41,7 +46,6 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 from torch import Tensor, nn
 
-from metrics.reranking import score_candidate_pairs
 from methods.layers.base import RetrievalModule, Stage, load_state
 from methods.layers.batches import fill_to, trim_padding
 from methods.layers.contrastive import info_nce
@@ -238,6 +242,9 @@ class RC3(RetrievalModule):
     """The seq2seq backbone, ITM / MLM heads, the two positive-probability trackers and the
     first-stage probe heads; ``phase`` is the stage it trains in: ``pretrain`` (§3) or
     ``finetune`` (§5 ITR fine-tuning, which trains only what retrieval reads)."""
+
+    embedding_scorer = "probe"  # encode_images/encode_texts are the first-stage probe's, not RC3's
+    own_embeddings = False
 
     def __init__(self, method, optim, data, evaluation, phase: str = PRETRAIN):
         super().__init__(method, optim, data, evaluation)
@@ -603,7 +610,7 @@ class RC3(RetrievalModule):
                          ft.max_steps, "method.finetune.max_steps")
         return [pretrain, finetune]
 
-    # ---- evaluation: first stage + ITM re-ranking -------------------------------------------------
+    # ---- evaluation: the ITM head over every pair (the probe's embeddings under scorer=embeddings) --
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         self._eval_split = "val"
@@ -666,7 +673,7 @@ class RC3(RetrievalModule):
         return {"input_ids": self.tagged_captions(input_ids, attention_mask),
                 "attention_mask": attention_mask}
 
-    def reranker(self, image_cache: dict, text_cache: dict) -> "MatchingScorer":
+    def cross_encoder(self, image_cache: dict, text_cache: dict) -> "MatchingScorer":
         return MatchingScorer(self, VisualInput(image_cache["tokens"], image_cache["mask"]),
                               text_cache["input_ids"], text_cache["attention_mask"])
 
@@ -705,20 +712,21 @@ def pad_to(input_ids: Tensor, attention_mask: Tensor, length: int, pad_id: int) 
 
 
 class MatchingScorer:
-    """``metrics.Reranker``: the ITM logit of the single-stream encoder for each candidate pair."""
+    """RC3's cross-encoder as a ``PairScorer``: the ITM logit of ``[CLS] visual [BOS] caption [LAN]``
+    for each pair (single stream: nothing of a caption is computed without its image)."""
 
     def __init__(self, module: RC3, visual: VisualInput, input_ids: Tensor, attention_mask: Tensor):
         self.module, self.visual = module, visual
         self.input_ids, self.attention_mask = input_ids, attention_mask
+        self.device = visual.tokens.device
+
+    def captions(self, index: Tensor) -> tuple[Tensor, Tensor]:
+        return self.input_ids[index], self.attention_mask[index]
 
     @torch.no_grad()
-    def __call__(self, direction: str, query_index: Tensor, candidate_index: Tensor) -> Tensor:
-        return score_candidate_pairs(
-            direction, query_index, candidate_index,
-            lambda images, captions: self.module.match_logits(
-                self.visual.rows(images), self.input_ids[captions], self.attention_mask[captions]),
-            self.module.settings.rerank_batch_size, self.visual.tokens.device,
-        )
+    def score(self, images: Tensor, block: tuple[Tensor, Tensor], rows: Tensor) -> Tensor:
+        input_ids, attention_mask = block
+        return self.module.match_logits(self.visual.rows(images), input_ids[rows], attention_mask[rows])
 
 
 class StepIndexedBatches:

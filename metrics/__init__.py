@@ -7,9 +7,9 @@ from metrics.graded import graded_ndcg, graded_ndcg_at
 from metrics.protocol import METRIC_PROTOCOL
 from metrics.ranks import best_positive_rank, paired_ranks, rank_and_ndcg
 from metrics.report import retrieval_report
-from metrics.reranking import Reranker, score_candidate_pairs
+from metrics.reranking import Reranker
 
 __all__ = [
-    "METRIC_PROTOCOL", "Reranker", "RetrievalEvaluation", "score_candidate_pairs", "best_positive_rank", "graded_ndcg", "graded_ndcg_at", "mean_rank_variance", "paired_ranks",
+    "METRIC_PROTOCOL", "Reranker", "RetrievalEvaluation", "best_positive_rank", "graded_ndcg", "graded_ndcg_at", "mean_rank_variance", "paired_ranks",
     "rank_and_ndcg", "ranks", "retrieval_report",
 ]

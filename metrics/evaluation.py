@@ -112,21 +112,30 @@ class RetrievalEvaluation(Metric):
         image_relevance: Tensor | None = None,
         mrv_languages: Sequence[str] | None = None,
         build_reranker: Callable[[Cache, Cache], Reranker | None] | None = None,
+        build_pair_scores: Callable[[Cache, Cache], Tensor] | None = None,
     ) -> dict[str, float]:
         """The report of the gathered set (see ``retrieval_report``); ``build_reranker(image_cache,
-        text_cache)`` makes the reranker from the index-ordered caches when ``rerank_k`` > 0."""
+        text_cache)`` makes the reranker from the index-ordered caches when ``rerank_k`` > 0;
+        ``build_pair_scores(image_cache, text_cache)`` (instead) makes the score matrix of every
+        image-caption pair that the cross-modal ranks then come from."""
+        if build_pair_scores is not None and self.rerank_k > 0:
+            raise ValueError("evaluation: a score matrix of every pair leaves nothing to re-rank; "
+                             "set evaluation.rerank_k=0")
         image_emb = self._placed("images", "emb", len(image_ids))
         text_emb = self._placed("captions", "emb", len(caption_image))
-        reranker = None
+        reranker, pair_scores = None, None
         if self.rerank_k > 0 and build_reranker is not None:
             reranker = build_reranker(self._placed_cache("images", len(image_ids)),
                                       self._placed_cache("captions", len(caption_image)))
+        if build_pair_scores is not None:
+            pair_scores = build_pair_scores(self._placed_cache("images", len(image_ids)),
+                                            self._placed_cache("captions", len(caption_image)))
         report = retrieval_report(
             image_emb, text_emb, caption_image.to(image_emb.device), caption_language, image_ids,
             ks=self.ks, ndcg_k=self.ndcg_k, unimodal_ndcg_ks=self.unimodal_ndcg_ks,
             chunk_size=self.chunk_size, reranker=reranker,
             rerank_k=self.rerank_k if reranker is not None else 0,
             image_relevance=None if image_relevance is None else image_relevance.to(image_emb.device),
-            mrv_languages=mrv_languages,
+            mrv_languages=mrv_languages, pair_scores=pair_scores,
         )
         return {key: float(value) for key, value in report.items()}

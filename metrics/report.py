@@ -60,9 +60,17 @@ def _first_caption_per_image(caption_image: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def _language_ranks(image_emb, text_emb, captions, caption_image, *, ndcg_k, chunk_size,
-                    reranker, rerank_k):
+                    reranker, rerank_k, pair_scores):
     """(i2t query images, i2t ranks, i2t NDCG, t2i ranks, t2i NDCG) for one language's captions."""
     owners = caption_image[captions]
+    if pair_scores is not None:
+        block = pair_scores[:, captions.to(pair_scores.device)].to(owners.device)
+        queries = torch.unique(owners)
+        i2t = rank_and_ndcg(None, None, queries, owners, scores=block[queries], chunk_size=chunk_size,
+                            ndcg_k=ndcg_k, direction="i2t")
+        t2i = rank_and_ndcg(None, None, owners, torch.arange(block.shape[0], device=owners.device),
+                            scores=block.T, chunk_size=chunk_size, ndcg_k=ndcg_k, direction="t2i")
+        return (queries, *i2t, *t2i)
     if reranker is None or rerank_k <= 0:
         paired = paired_ranks(image_emb, text_emb[captions], owners, chunk_size=chunk_size, ndcg_k=ndcg_k)
         queries = (paired.i2t_rank[:, HIGHER] >= 0).nonzero().squeeze(1)
@@ -106,6 +114,7 @@ def retrieval_report(
     rerank_k: int = 0,
     image_relevance: Tensor | None = None,
     mrv_languages: Sequence[str] | None = None,
+    pair_scores: Tensor | None = None,
 ) -> dict[str, float]:
     """Every retrieval score of an evaluated set, as one flat dict (keys in docs/interfaces.md).
 
@@ -119,9 +128,18 @@ def retrieval_report(
     IR MRV_std. ``image_ids`` names the images; the instance key is the image's position, so ids
     must be unique. With ``image_relevance`` [I, I] (graded, per image pair), ``i2i/NDCG@k`` and
     ``t2t/NDCG@k`` for each k of ``unimodal_ndcg_ks``; without it, no uni-modal key at all. NaN or
-    infinite embeddings are an error.
+    infinite embeddings are an error. With ``pair_scores`` [I, T] (a cross-encoder's score of
+    every image-caption pair) the cross-modal ranks, recalls, NDCG and MRV come from that matrix
+    instead of the embeddings' dot products (no re-ranking on top); the uni-modal NDCG still
+    ranks the embeddings.
     """
     _check_inputs(image_emb, text_emb, caption_image, caption_language, image_ids)
+    if pair_scores is not None:
+        if pair_scores.shape != (image_emb.shape[0], text_emb.shape[0]):
+            raise ValueError(f"retrieval_report: pair_scores has shape {tuple(pair_scores.shape)}, "
+                             f"expected ({image_emb.shape[0]}, {text_emb.shape[0]}) (images, captions)")
+        if rerank_k > 0:
+            raise ValueError("retrieval_report: pair_scores already score every pair; rerank_k must be 0")
     languages = list(dict.fromkeys(caption_language))
     mrv_set = _mrv_languages(languages, mrv_languages)
     language_of = torch.tensor([languages.index(lang) for lang in caption_language], dtype=torch.long,
@@ -132,7 +150,7 @@ def retrieval_report(
         captions = (language_of == slot).nonzero().squeeze(1)
         queries, i2t_rank, i2t_ndcg, t2i_rank, t2i_ndcg = _language_ranks(
             image_emb, text_emb, captions, caption_image, ndcg_k=ndcg_k, chunk_size=chunk_size,
-            reranker=reranker, rerank_k=rerank_k,
+            reranker=reranker, rerank_k=rerank_k, pair_scores=pair_scores,
         )
         report |= _direction_scores(f"{lang}/i2t", i2t_rank, i2t_ndcg, ks, ndcg_k)
         report |= _direction_scores(f"{lang}/t2i", t2i_rank, t2i_ndcg, ks, ndcg_k)

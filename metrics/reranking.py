@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Protocol
 
 import torch
@@ -12,23 +11,6 @@ from torch import Tensor
 class Reranker(Protocol):
     def __call__(self, direction: str, query_index: Tensor, candidate_index: Tensor) -> Tensor:
         """New scores [q, k] for each query's top-k candidates; ``direction`` is "i2t" or "t2i"."""
-
-
-def score_candidate_pairs(
-    direction: str, query_index: Tensor, candidate_index: Tensor,
-    score_pairs: Callable[[Tensor, Tensor], Tensor], chunk: int, device: torch.device,
-) -> Tensor:
-    """What a pair-scoring :class:`Reranker` returns: ``score_pairs(images, captions)`` over every
-    (query, candidate) pair as image / caption index pairs on ``device``, ``chunk`` pairs at a
-    time, shaped [q, k] like ``candidate_index``."""
-    if direction not in ("i2t", "t2i"):
-        raise ValueError(f"reranker direction must be 'i2t' or 't2i', got {direction!r}")
-    queries = query_index[:, None].expand_as(candidate_index)
-    images, captions = (queries, candidate_index) if direction == "i2t" else (candidate_index, queries)
-    images, captions = images.reshape(-1), captions.reshape(-1)
-    scores = [score_pairs(images[start:start + chunk].to(device), captions[start:start + chunk].to(device))
-              for start in range(0, len(images), chunk)]
-    return torch.cat(scores).view(candidate_index.shape).to(candidate_index.device)
 
 
 def rerank_chunk(

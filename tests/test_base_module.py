@@ -135,13 +135,43 @@ class ToyData(L.LightningDataModule):
         )
 
 
-def _module(rerank_k=0):
+def _module(rerank_k=0, cls=None, **evaluation_keys):
     evaluation = OmegaConf.create(
-        {"ks": [1, 5], "ndcg_k": 10, "unimodal_ndcg_ks": [10, 20], "chunk_size": 64, "batch_size": 4, "rerank_k": rerank_k}
+        {"ks": [1, 5], "ndcg_k": 10, "unimodal_ndcg_ks": [10, 20], "chunk_size": 64, "batch_size": 4,
+         "rerank_k": rerank_k, **evaluation_keys}
     )
-    return ToyMethod(
+    return (cls or ToyMethod)(
         OmegaConf.create({"name": "toy"}), OPTIM, ToyInfo(languages=["en", "de"]), evaluation
     )
+
+
+class PixelTokenScorer:
+    """A toy cross-encoder: the image's first pixel times the caption's first token id."""
+
+    device = torch.device("cpu")
+
+    def __init__(self, pixels, ids):
+        self.pixels, self.ids = pixels, ids
+
+    def captions(self, index):
+        return self.ids[index, 0].float()
+
+    def score(self, images, block, rows):
+        return self.pixels[images, 0] * block[rows]
+
+
+class ToyCrossEncoder(ToyMethod):
+    own_embeddings = False  # e.g. RC3, whose embeddings are a first-stage probe's
+
+    def cross_encoder(self, image_cache, text_cache):
+        return PixelTokenScorer(image_cache, text_cache["ids"])
+
+
+class GradedToyData(ToyData):
+    def eval_view(self, split):
+        view = super().eval_view(split)
+        view.relevance = torch.eye(N_IMAGES)
+        return view
 
 
 def _trainer(**kwargs):
@@ -241,6 +271,26 @@ def test_reranking_receives_index_ordered_caches(fake_report):
     torch.testing.assert_close(image_cache, data.images.flatten(1))
     assert torch.equal(text_cache["ids"], data.ids)
     assert fake_report[0]["reranker"] == "scorer" and fake_report[0]["rerank_k"] == 3
+
+
+def test_cross_encoder_scorer_hands_the_report_every_pair_scored_by_the_method(fake_report):
+    module, data = _module(cls=ToyCrossEncoder, scorer="cross_encoder", pair_batch_size=5, caption_chunk=3), GradedToyData()
+    _trainer().validate(module, datamodule=data, verbose=False)
+    module.eval_cfg.scorer = "embeddings"  # the same method ranking by its embeddings reports i2i/t2t
+    _trainer().validate(module, datamodule=data, verbose=False)
+    call, by_embeddings = fake_report
+    expected = data.images.flatten(1)[:, :1] * data.ids[:, 0].float()[None, :]  # [6 images, 12 captions]
+    assert torch.equal(call["pair_scores"], expected)
+    assert call["reranker"] is None and call["rerank_k"] == 0
+    assert call["image_relevance"] is None  # the embeddings are not the method's own: no uni-modal NDCG
+    assert by_embeddings["pair_scores"] is None and by_embeddings["image_relevance"] is not None
+
+
+def test_cross_encoder_scorer_needs_a_method_with_one_and_no_rerank_k():
+    with pytest.raises(ValueError, match="evaluation.scorer=cross_encoder: ToyMethod has no cross-encoder"):
+        _module(scorer="cross_encoder")
+    with pytest.raises(ValueError, match="scores every pair, leaving nothing to re-rank: set evaluation.rerank_k=0"):
+        _module(rerank_k=3, cls=ToyCrossEncoder, scorer="cross_encoder")
 
 
 def test_evaluation_fails_when_an_item_was_never_encoded(fake_report):

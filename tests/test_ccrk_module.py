@@ -37,9 +37,10 @@ class Info:
 
 def method_config(**overrides):
     """The tiny preset's method section as a run sees it: the full model unless ``ablation`` is given
-    (the preset's ``optim:`` block goes to the run's optim section, not here)."""
+    (the preset's ``optim:`` and ``evaluation:`` blocks go to the run's sections, not here)."""
     cfg = OmegaConf.load(CONFIG)
     cfg.pop("optim")
+    cfg.pop("evaluation")
     cfg.ablation = None
     # RANDOM_BACKBONES' tiny text encoder has no HF layers to seed the fusion from (see
     # tests/test_ccrk_fusion_init.py for the preset's seeded fusion): a random 4-head fusion
@@ -181,7 +182,8 @@ def itm_logits(module, image_states, ids, mask):
 
 @pytest.mark.parametrize("score", ["prob", "logit"])
 def test_reranker_scores_the_requested_pairs_in_both_directions(score):
-    module = build(rerank_batch_size=5, rerank_score=score).eval()
+    module = build(rerank_score=score).eval()
+    module.eval_cfg.pair_batch_size = 5  # several calls per direction
     batch = training_batch()
     images = batch["images"][:4]
     ids, mask = batch["input_ids"][:6, 0], batch["attention_mask"][:6, 0]

@@ -30,7 +30,8 @@ class KnowingHead(nn.Module):
 
 def knowing_module(monkeypatch, score):
     """A tiny CCRk whose encoders pass identities through, with ``KnowingHead`` as its ITM head."""
-    module = build(rerank_score=score, rerank_batch_size=7).eval()
+    module = build(rerank_score=score).eval()
+    module.eval_cfg.pair_batch_size = 7
     monkeypatch.setattr(module, "image_encoder", nn.Identity())  # "images" are one-hot ids [N, 1, N]
     monkeypatch.setattr(module, "encode_captions", lambda ids, mask: TextOutput(
         states=F.one_hot(ids[:, 1] - FIRST_TOKEN, N).float()[:, None, :], pooled=None, mask=mask.bool()))

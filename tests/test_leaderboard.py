@@ -141,6 +141,20 @@ def test_rescored_runs_are_separate_rows(tmp_path):
     assert sorted(r["scorer"] for r in rows) == ["itc", "itm@16"]
 
 
+def test_rc3_rows_scored_by_its_probe_say_so_and_its_own_scorer_is_itm_at_all(tmp_path):
+    """Runs stored before the cross-encoder scorer existed recorded ``itm@8`` / ``itc`` for RC3,
+    whose embeddings are a first-stage probe: the leaderboard names them by what ranked them."""
+    runs = tmp_path / "runs"
+    for folder, scorer, evaluation in (("a", "itm@8", {"rerank_k": 8}), ("a/eval/test-itc", "itc", {"rerank_k": 0}),
+                                       ("b", "itm@all", {"rerank_k": 0, "scorer": "cross_encoder"})):
+        config = {**_config(0), "method": {"name": "rc3"}, "evaluation": evaluation}
+        _write(runs / folder, "rc3", 0, 10.0, scorer=scorer, config=config)
+    rows = build(runs, tmp_path / "out")
+    assert sorted(r["scorer"] for r in rows) == ["itm@all", "probe", "probe+itm@8"]
+    markdown = (tmp_path / "out" / "leaderboard.md").read_text()
+    assert "| rc3 | default | probe+itm@8 |" in markdown and "which is not part of RC3" in markdown
+
+
 def test_malformed_result_names_the_file_and_field(tmp_path):
     bad = tmp_path / "runs" / "x"
     bad.mkdir(parents=True)

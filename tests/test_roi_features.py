@@ -266,7 +266,7 @@ def test_an_lmdb_of_npy_values_reads_without_unpickling(tmp_path):
 
 RC3_TINY = ["method=rc3", "method.backbone.pretrained=null", "method.backbone.d_model=32", "method.backbone.heads=2",
             "method.backbone.ffn_dim=64", "method.first_stage.dim=16", f"method.visual.roi_dim={DIM}",
-            "method.visual.strict_input=roi", "evaluation.rerank_k=3", "method.pretrain.max_steps=1",
+            "method.visual.strict_input=roi", "method.pretrain.max_steps=1",
             "method.finetune.max_steps=1", "method.first_stage.image_encoder=null",
             "method.first_stage.text_encoder=null",
             "trainer.progress_refresh_rate=0", "trainer.log_every_n_steps=1",
@@ -301,22 +301,22 @@ def test_rc3_trains_and_scores_on_the_shipped_features(dataset, monkeypatch):
     assert strict and strict[0][0] is not None and not strict[0][1].all()  # padded regions, masked
 
     scored = []
-    original_reranker, original_match = rc3.RC3.reranker, rc3.RC3.match_logits
+    original_scorer, original_match = rc3.RC3.cross_encoder, rc3.RC3.match_logits
 
-    def spy_reranker(self, image_cache, text_cache):
+    def spy_scorer(self, image_cache, text_cache):
         view = self.trainer.datamodule.eval_view("test")
         expected = torch.stack([padded(stored[i]) for i in view.image_ids])
         with torch.no_grad():
             torch.testing.assert_close(image_cache["tokens"], self.net.visual.rois(expected))
         assert image_cache["mask"].sum(1).tolist() == [len(stored[i]) for i in view.image_ids]
-        return original_reranker(self, image_cache, text_cache)
+        return original_scorer(self, image_cache, text_cache)
 
     def spy_match(self, visual, input_ids, attention_mask):
         logits = original_match(self, visual, input_ids, attention_mask)
         scored.append(logits)
         return logits
 
-    monkeypatch.setattr(rc3.RC3, "reranker", spy_reranker)
+    monkeypatch.setattr(rc3.RC3, "cross_encoder", spy_scorer)
     monkeypatch.setattr(rc3.RC3, "match_logits", spy_match)
     checkpoint = Path(json.loads((run / "metrics.json").read_text())["checkpoint"])
     evaluate(checkpoint)

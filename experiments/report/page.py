@@ -54,7 +54,7 @@ def _header(runs: list[Run]) -> str:
         differences = run.differences()
         if record.get("scorer", "itc") != "itc":
             check = (f'<span class="warn">scored with {escape(record["scorer"])}: the ranks here are the '
-                     "dual encoder's (itc), not the re-ranked ones</span>")
+                     "embeddings' (itc; RC3: its probe's), not the cross-encoder's</span>")
         elif differences:
             check = (f'<span class="warn">{len(differences)} recomputed score(s) differ from '
                      f"metrics.json: {escape('; '.join(differences[:5]))}</span>")

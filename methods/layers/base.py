@@ -1,8 +1,10 @@
 """The LightningModule every method extends: evaluation loop, optimizer and schedule, train logging.
 
 A method implements ``encode_images``, ``encode_texts`` and ``training_step``; optionally
-``reranker`` (with ``image_cache``/``text_cache`` to keep what it needs per item), ``lr_scales`` and
-``pipeline`` (several training stages).
+``cross_encoder`` (with ``image_cache``/``text_cache`` to keep what it needs per item), which
+evaluation runs over each query's top k (``evaluation.rerank_k``) or over every pair
+(``evaluation.scorer=cross_encoder``, ``methods/layers/cross_encoder_scoring.py``), ``lr_scales``
+and ``pipeline`` (several training stages).
 """
 
 from __future__ import annotations
@@ -24,12 +26,14 @@ from torch.utils.data import DataLoader
 
 import metrics
 from methods.layers.batches import fill_rows, first_rows
+from methods.layers.cross_encoder_scoring import PairScorer, TopKRescorer, score_matrix
 from methods.layers.optim import SCHEDULES, param_groups, warmup_step_count
 
 if TYPE_CHECKING:
     from datamodules.datamodule import CCRDataModule
 
 EVAL_SIDES = ("images", "captions")  # evaluation dataloaders, in order: [image_loader, caption_loader]
+CROSS_ENCODER = "cross_encoder"  # evaluation.scorer: every pair scored by the method's cross-encoder
 
 
 @dataclass
@@ -66,6 +70,9 @@ class RetrievalModule(L.LightningModule):
     # True: the method's encoders run micro-batch by micro-batch under optim.grad_cache_chunks.
     supports_grad_cache = False
 
+    embedding_scorer = "itc"  # the leaderboard's name for ranking by encode_images/encode_texts
+    own_embeddings = True  # False: those embeddings are a helper the method does not define
+
     method_name: ClassVar[str]  # the name it is registered under (``methods.register``)
 
     def __init__(self, method, optim, data, evaluation) -> None:
@@ -95,11 +102,22 @@ class RetrievalModule(L.LightningModule):
         if self.grad_cache_chunks > 1 and not self.supports_grad_cache:
             raise ValueError(f"optim.grad_cache_chunks={self.grad_cache_chunks}: {type(self).__name__} does "
                              "not encode its training batch in micro-batches; set it to 1")
+        if self.scores_every_pair and type(self).cross_encoder is RetrievalModule.cross_encoder:
+            raise ValueError(f"evaluation.scorer={CROSS_ENCODER}: {type(self).__name__} has no "
+                             "cross-encoder to score pairs with; use evaluation.scorer=embeddings")
+        if self.scores_every_pair and self.eval_cfg.rerank_k > 0:
+            raise ValueError(f"evaluation.scorer={CROSS_ENCODER} scores every pair, leaving nothing to "
+                             f"re-rank: set evaluation.rerank_k=0 (or evaluation.scorer=embeddings)")
 
     @property
     def grad_cache_chunks(self) -> int:
         """Micro-batches each training batch is encoded in (``optim.grad_cache_chunks``, 1: none)."""
         return int(self.optim_cfg.get("grad_cache_chunks", 1))
+
+    @property
+    def scores_every_pair(self) -> bool:
+        """Whether evaluation ranks by the cross-encoder's score of every pair."""
+        return self.eval_cfg.get("scorer", "embeddings") == CROSS_ENCODER
 
     # ---- what a method provides ---------------------------------------------------------------
 
@@ -124,10 +142,29 @@ class RetrievalModule(L.LightningModule):
         """Per-caption tensors a reranker needs, kept only when re-ranking."""
         return None
 
-    def reranker(self, image_emb_cache, text_cache) -> metrics.Reranker | None:
-        """A scorer for each query's top-k candidates, built from the evaluated set's caches
-        (index-ordered, as returned by ``image_cache``/``text_cache``); None: no re-ranking."""
+    def cross_encoder(self, image_cache, text_cache) -> PairScorer | None:
+        """The method's cross-encoder over the evaluated set's caches (index-ordered, as returned
+        by ``image_cache``/``text_cache``); None: it has none."""
         return None
+
+    def reranker(self, image_cache, text_cache) -> metrics.Reranker | None:
+        """Each query's top-k candidates re-scored by ``cross_encoder``; None without one."""
+        scorer = self.cross_encoder(image_cache, text_cache)
+        return None if scorer is None else TopKRescorer(scorer, **self._pair_chunks())
+
+    @torch.no_grad()
+    def pair_scores(self, image_cache, text_cache, num_images: int, num_captions: int) -> Tensor:
+        """``[num_images, num_captions]``: ``cross_encoder``'s score of every pair."""
+        scorer = self.cross_encoder(image_cache, text_cache)
+        if scorer is None:
+            raise ValueError(f"evaluation.scorer={CROSS_ENCODER}: this {type(self).__name__} has no "
+                             "cross-encoder (see its settings); use evaluation.scorer=embeddings")
+        return score_matrix(scorer, num_images, num_captions, **self._pair_chunks())
+
+    def _pair_chunks(self) -> dict[str, int]:
+        cfg = self.eval_cfg
+        return {"caption_chunk": int(cfg.get("caption_chunk", 256)),
+                "pair_batch": int(cfg.get("pair_batch_size", 512))}
 
     def lr_scales(self) -> dict[str, float]:
         """Learning-rate multipliers by parameter-name prefix (e.g. new heads at 2x)."""
@@ -199,7 +236,7 @@ class RetrievalModule(L.LightningModule):
         ``self.eval_batch`` holds the whole filled batch while it is encoded, for methods whose
         encoding depends on the item (its ``index``, e.g. for its language) or reads more than
         images or captions (e.g. an image's shipped ``roi_features``)."""
-        rerank = self.eval_cfg.rerank_k > 0
+        rerank = self.eval_cfg.rerank_k > 0 or self.scores_every_pair  # keep the cross-encoder's caches
         side = EVAL_SIDES[dataloader_idx]
         count = len(batch["index"])
         batch = fill_rows(batch, self._eval_batch_size(dataloader_idx))
@@ -239,14 +276,19 @@ class RetrievalModule(L.LightningModule):
             return
         # Lightning assigns Trainer.datamodule at run time without declaring it on the class.
         view = self.trainer.datamodule.eval_view(split)  # type: ignore[attr-defined]
+        every_pair = self.scores_every_pair
         try:
             report = self._current_evaluation().compute(
                 caption_image=view.caption_image,
                 caption_language=view.caption_language,
                 image_ids=view.image_ids,
-                image_relevance=view.relevance,
+                # uni-modal NDCG ranks the embeddings: reported beside the cross-encoder's ranks
+                # only when they are the method's own
+                image_relevance=view.relevance if self.own_embeddings or not every_pair else None,
                 mrv_languages=view.mrv_languages,
-                build_reranker=self.reranker,
+                build_reranker=None if every_pair else self.reranker,
+                build_pair_scores=(lambda images, captions: self.pair_scores(
+                    images, captions, len(view.image_ids), len(view.caption_image))) if every_pair else None,
             )
         except RuntimeError as error:
             raise RuntimeError(f"{split} {error}") from error

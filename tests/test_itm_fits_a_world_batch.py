@@ -1,0 +1,96 @@
+"""The ITM heads of ccrk and rc3 learn through their real ``training_step``: on world images, with
+the hard negatives each method mines from its own space after that space has warmed up, each
+fits one fixed batch within a stated number of steps. (The earlier memorisation test drew
+uniform negatives for noise images through a hand-assembled path, so it never exercised this.)"""
+
+import pytest
+import torch
+
+import methods
+from experiments.config import compose
+from experiments.train import build_datamodule
+from methods.rc3 import FINETUNE
+from worlds import QUICK_BACKBONES
+
+WORLD = [*QUICK_BACKBONES, "data.synthetic.num_train=96", "data.synthetic.num_val=8",
+         "data.synthetic.num_test=8", "data.synthetic.num_pretrain=48", "data.batch_size=16",
+         "data.tokenizer.vocab_size=300", "data.languages=[en,de]"]
+WARM_STEPS = 40  # full training steps on other batches before the fixed one: the space hard mining reads
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory):
+    return tmp_path_factory.mktemp("itm-world")
+
+
+def setup(method, world, *overrides):
+    cfg = compose([f"method={method}", f"data.root={world}", *WORLD, *overrides])
+    data = build_datamodule(cfg, roles=())
+    torch.manual_seed(0)
+    return cfg, data
+
+
+def fit(module, batches, fixed, loss_of, steps):
+    """Warm up on ``batches``, then train on ``fixed`` alone; the ITM loss at every fixed step."""
+    optimizer = torch.optim.AdamW([p for p in module.parameters() if p.requires_grad], lr=1e-3)
+
+    def step(batch):
+        optimizer.zero_grad()
+        module.training_step(batch, 0).backward()
+        optimizer.step()
+
+    module.train()
+    for _, batch in zip(range(WARM_STEPS), batches):
+        step(batch)
+    losses = []
+    for _ in range(steps):
+        step(fixed)
+        losses.append(loss_of())
+    return losses
+
+
+def cycle(loader):
+    while True:
+        yield from loader
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason=(
+    "measured (issue 32): after the 40 warm-up steps CCRk's MITM stays at the 1:2 prior (0.636-0.639) "
+    "for 60 fixed-batch steps on this world (above 0.1 for all 100), and for 100 steps on a world whose backbones learn "
+    "(worlds.SMALL_PRETRAINED_BACKBONES); with uniform negatives (variant=no_hard_mitm) through the "
+    "same step it is as flat (0.635-0.640, 60 steps), so the mining is not the cause; the "
+    "hand-assembled path with uniform negatives on noise "
+    "images fits in 80 (test_ccrk_module). Strict: when it starts to fit, this test fails and the "
+    "marker goes."))
+def test_ccrk_mitm_on_mined_hard_negatives_fits_a_world_batch_within_100_steps(world):
+    """MITM (3B pairs: the hard positive caption, a hard negative caption and a hard negative
+    image per image, mined from the KCL space) through ``CCRk.training_step``. The bar:
+    below 0.1 (the 1:2 prior is 0.636) within 100 steps."""
+    cfg, data = setup("ccrk", world)
+    module = methods.get("ccrk")(cfg.method, cfg.optim, data.info, cfg.evaluation)
+    seen = []
+    real = module.matching_loss
+    module.matching_loss = lambda *args: seen.append(real(*args)) or seen[-1]
+    loader = data.train_dataloader()
+    fixed = next(iter(loader))
+    losses = fit(module, cycle(loader), fixed, lambda: seen[-1].item(), steps=100)
+    assert min(losses) < 0.1, [round(x, 3) for x in losses[::5]]
+
+
+@pytest.mark.slow
+def test_rc3_itm_on_mined_hard_negatives_fits_a_world_batch_within_60_steps(world):
+    """RC3's ITR fine-tuning loss (the 4-way cross-entropy over ITM logits: the true pair, a random
+    caption, a random image and the hard negative caption mined by the first stage) through
+    ``RC3.training_step`` on English world captions. Measured (seed 0, one thread): 1.18 at the
+    first fixed step after the warm-up (chance: ln 4 = 1.39), first below 0.2 at step 24, 0.001
+    at step 70; 60 steps (2.5x the measured 24) leaves room for rounding on other machines."""
+    cfg, data = setup("rc3", world)
+    module = methods.get("rc3")(cfg.method, cfg.optim, data.info, cfg.evaluation, phase=FINETUNE)
+    seen = []
+    real = module.finetune_losses
+    module.finetune_losses = lambda batch: seen.append(real(batch)) or seen[-1]
+    loader = data.train_dataloader(languages=["en"])
+    fixed = next(iter(loader))
+    losses = fit(module, cycle(loader), fixed, lambda: seen[-1]["itr"].item(), steps=60)
+    assert min(losses) < 0.2, [round(x, 3) for x in losses[::5]]
