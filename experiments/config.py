@@ -8,8 +8,9 @@ type, shape or sign fails here, naming the key, before anything runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, cast
+from typing import cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
@@ -59,10 +60,17 @@ def _merge(cfg: DictConfig, other, source: str) -> DictConfig:
         key = getattr(err, "full_key", None) or str(err).splitlines()[0]
         parent = key.rsplit(".", 1)[0] if "." in key else None
         node = OmegaConf.select(cfg, parent) if parent else cfg
-        known = ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else ""
-        where = "" if source == "command line" else f" in {source} (declare it in experiments/schema.py)"
-        raise ConfigError(f"unknown config key '{key}'{where}"
-                          + (f"; keys here: {known}" if known else "")) from None
+        known = (
+            ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else ""
+        )
+        where = (
+            ""
+            if source == "command line"
+            else f" in {source} (declare it in experiments/schema.py)"
+        )
+        raise ConfigError(
+            f"unknown config key '{key}'{where}" + (f"; keys here: {known}" if known else "")
+        ) from None
     except ValidationError as err:
         key = getattr(err, "full_key", None) or "?"
         reason = str(err).splitlines()[0]
@@ -125,8 +133,10 @@ def label_lit(cfg: DictConfig) -> None:
     if cfg.variant is None:
         cfg.variant = "lit"
     elif "lit" not in str(cfg.variant).split("+"):
-        raise ConfigError(f"method.lit=true runs {cfg.method.name} with a frozen image tower; "
-                          f"variant={cfg.variant} would hide it (use variant=lit or lit+<label>)")
+        raise ConfigError(
+            f"method.lit=true runs {cfg.method.name} with a frozen image tower; "
+            f"variant={cfg.variant} would hide it (use variant=lit or lit+<label>)"
+        )
 
 
 def fit_mrv_languages(cfg: DictConfig, explicit: bool) -> None:
@@ -145,9 +155,11 @@ def fit_mrv_languages(cfg: DictConfig, explicit: bool) -> None:
     if not outside:
         return
     if explicit:
-        raise ConfigError(f"data.mrv_languages={[str(x) for x in mrv]} names "
-                          f"{', '.join(outside)}, which data.languages={languages} does not "
-                          "evaluate; list a subset of data.languages, or null for all of them")
+        raise ConfigError(
+            f"data.mrv_languages={[str(x) for x in mrv]} names "
+            f"{', '.join(outside)}, which data.languages={languages} does not "
+            "evaluate; list a subset of data.languages, or null for all of them"
+        )
     kept = [str(lang) for lang in mrv if lang in languages]
     data.mrv_languages = kept or None
 
@@ -158,8 +170,10 @@ def check_run_protocol(cfg: DictConfig) -> None:
     method = cfg.get("method")
     ran = method.get("run_protocol") if isinstance(method, DictConfig) else None
     if ran is not None and ran != cfg.protocol:
-        raise ConfigError(f"method.run_protocol={ran} differs from protocol={cfg.protocol}, the "
-                          "label the run records; set protocol= alone")
+        raise ConfigError(
+            f"method.run_protocol={ran} differs from protocol={cfg.protocol}, the "
+            "label the run records; set protocol= alone"
+        )
 
 
 def method_label(cfg: DictConfig) -> str:

@@ -30,8 +30,13 @@ def selection_checkpoint(cfg: DictConfig, checkpoint_dir: Path) -> ModelCheckpoi
     if key is None:
         return None
     return ModelCheckpoint(
-        dirpath=checkpoint_dir, filename=SELECTED, monitor=f"val/{key}", mode="max",
-        save_top_k=1, save_weights_only=True, auto_insert_metric_name=False,
+        dirpath=checkpoint_dir,
+        filename=SELECTED,
+        monitor=f"val/{key}",
+        mode="max",
+        save_top_k=1,
+        save_weights_only=True,
+        auto_insert_metric_name=False,
         enable_version_counter=False,
     )
 
@@ -42,8 +47,9 @@ def check_selection(cfg: DictConfig, final_loader: DataLoader, final_steps: int)
     if key is None:
         return
     if cfg.data.splits.get("val") is None:
-        raise ConfigError(f"evaluation.select_on={key} selects on the val split, but "
-                          "data.splits.val is null")
+        raise ConfigError(
+            f"evaluation.select_on={key} selects on the val split, but data.splits.val is null"
+        )
     if cfg.trainer.val_check_interval is not None:
         return
     every = cfg.trainer.check_val_every_n_epoch
@@ -61,8 +67,9 @@ def keep_selected(callback: ModelCheckpoint, module, stage_name: str) -> dict:
     """Load the selected weights into ``module``; record and return which step won."""
     best = callback.best_model_path
     if not best or callback.best_model_score is None:
-        raise RuntimeError(f"stage '{stage_name}' never validated on {callback.monitor}: "
-                           "nothing to select")
+        raise RuntimeError(
+            f"stage '{stage_name}' never validated on {callback.monitor}: nothing to select"
+        )
     score = float(callback.best_model_score)
     if not math.isfinite(score):
         raise RuntimeError(f"stage '{stage_name}': the best {callback.monitor} is {score}")

@@ -29,10 +29,25 @@ def tiny_cfg(root: Path, **overrides):
     cfg = OmegaConf.load(CONFIG)
     cfg.root, cfg.languages, cfg.batch_size, cfg.max_length = str(root), LANGUAGES, 8, 32
     cfg.tokenizer.vocab_size = 300
-    cfg.synthetic.update(num_train=24, num_val=80, num_test=8, num_pretrain=400,
-                         num_shapes=4, num_colours=4, max_objects=2)
-    cfg.backbones.text.update(hidden_size=32, layers=1, heads=2, intermediate_size=64,
-                              steps=250, batch_size=32, lr=3e-3, warmup_steps=20)
+    cfg.synthetic.update(
+        num_train=24,
+        num_val=80,
+        num_test=8,
+        num_pretrain=400,
+        num_shapes=4,
+        num_colours=4,
+        max_objects=2,
+    )
+    cfg.backbones.text.update(
+        hidden_size=32,
+        layers=1,
+        heads=2,
+        intermediate_size=64,
+        steps=250,
+        batch_size=32,
+        lr=3e-3,
+        warmup_steps=20,
+    )
     cfg.backbones.image.update(embed_dim=32, depth=1, num_heads=2, steps=30, batch_size=32)
     cfg.merge_with(OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
     OmegaConf.resolve(cfg)
@@ -123,6 +138,7 @@ def test_cache_hit_skips_the_build_and_a_new_recipe_rebuilds(dm, monkeypatch, tm
 def test_cache_hit_after_the_tokenizer_has_been_used(dm, monkeypatch):
     """Tokenising sets padding and truncation on the tokenizer; the cache key must not see that
     (a run that tokenised captions before resolving ``world`` once rebuilt everything)."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the backbones were rebuilt")
 
@@ -184,9 +200,12 @@ def test_building_the_backbones_leaves_the_global_random_state_alone(dm, tmp_pat
     every later run with the same seed (which hits the cache), and no score would reproduce."""
     import lightning as L
 
-    fresh = CCRDataModule(OmegaConf.merge(dm.cfg, {"root": str(tmp_path),
-                                                   "backbones": {"text": {"steps": 3},
-                                                                 "image": {"steps": 2}}}))
+    fresh = CCRDataModule(
+        OmegaConf.merge(
+            dm.cfg,
+            {"root": str(tmp_path), "backbones": {"text": {"steps": 3}, "image": {"steps": 2}}},
+        )
+    )
     fresh.prepare_data()
     fresh.setup("fit")
     L.seed_everything(7, verbose=False)
@@ -201,6 +220,7 @@ def test_caption_corruptions_leave_the_tokenizer_and_backbones_alone(dm, monkeyp
     """Translation noise and weak alignment are the CL2CM and RC3 experiments' variables: a world
     with them must differ from the clean one in its training captions only, not in a vocabulary
     learnt from the corrupted captions or in backbones pretrained with that vocabulary."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the backbones were rebuilt")
 

@@ -9,21 +9,31 @@ from pathlib import Path
 
 import pytest
 import torch
+from falling_val_train import falling_val_scores
+from worlds import QUICK_BACKBONES
 
 from experiments.config import ConfigError, compose
 from experiments.evaluate import evaluate
 from experiments.train import train
-from falling_val_train import falling_val_scores
-from worlds import QUICK_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
 # 48 training records in batches of 8: 6 steps an epoch, so 12 steps validate at steps 6 and 12.
 # A constant lr makes the first 6 steps of a 12-step run those of a 6-step run.
-TINY = [*QUICK_BACKBONES, "data.synthetic.num_train=48", "data.synthetic.num_val=12",
-        "data.synthetic.num_test=16", "data.batch_size=8", "data.eval_batch_size=16",
-        "data.tokenizer.vocab_size=400", "data.languages=[en,de,ja]",
-        "trainer.progress_refresh_rate=0", "trainer.check_val_every_n_epoch=1",
-        "trainer.checkpoint_every_n_steps=4", "optim.warmup_steps=0", "optim.min_lr_ratio=1.0"]
+TINY = [
+    *QUICK_BACKBONES,
+    "data.synthetic.num_train=48",
+    "data.synthetic.num_val=12",
+    "data.synthetic.num_test=16",
+    "data.batch_size=8",
+    "data.eval_batch_size=16",
+    "data.tokenizer.vocab_size=400",
+    "data.languages=[en,de,ja]",
+    "trainer.progress_refresh_rate=0",
+    "trainer.check_val_every_n_epoch=1",
+    "trainer.checkpoint_every_n_steps=4",
+    "optim.warmup_steps=0",
+    "optim.min_lr_ratio=1.0",
+]
 SELECT = ["evaluation.select_on=en/mR", "trainer.max_steps=12"]
 
 
@@ -74,7 +84,10 @@ def test_the_recorded_score_is_the_tested_weights_val_score(world, tmp_path):
     run = run_folder(runs, "real")
     selected = json.loads((run / "metrics.json").read_text())["selected"]
     assert json.loads((run / "checkpoints" / "selected.json").read_text()) == selected
-    logged = [line.split(",") for line in (run / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()]
+    logged = [
+        line.split(",")
+        for line in (run / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()
+    ]
     column, step_column = logged[0].index("val/en/mR"), logged[0].index("step")
     scores = {int(row[step_column]) + 1: float(row[column]) for row in logged[1:] if row[column]}
     assert sorted(scores) == [6, 12]
@@ -92,8 +105,9 @@ def test_a_resumed_run_keeps_the_validation_it_made_before_the_interruption(worl
     script = str(REPO / "tests" / "falling_val_train.py")
 
     def run(*args):
-        return subprocess.run([sys.executable, script, *args], cwd=REPO, env=env,
-                              capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, script, *args], cwd=REPO, env=env, capture_output=True, text=True
+        )
 
     whole = run(*overrides(world, runs, "whole", *SELECT))
     assert whole.returncode == 0, whole.stderr[-2000:]
@@ -104,7 +118,11 @@ def test_a_resumed_run_keeps_the_validation_it_made_before_the_interruption(worl
     expected = json.loads((run_folder(runs, "whole") / "metrics.json").read_text())
     result = json.loads((run_folder(runs, "cut") / "metrics.json").read_text())
     assert result["resumed_from_step"] == 8
-    assert result["selected"] == expected["selected"] == {"metric": "val/en/mR", "score": 94.0, "step": 6}
+    assert (
+        result["selected"]
+        == expected["selected"]
+        == {"metric": "val/en/mR", "score": 94.0, "step": 6}
+    )
     assert result["metrics"] == expected["metrics"]
     # the step-6 validation made before the kill is kept, the step-12 one made after the resume added
     assert [p["step"] for p in result["learning_curve"]["points"]] == [6, 12]
@@ -118,7 +136,10 @@ def test_the_record_holds_the_mean_recall_of_every_validation(world, tmp_path):
     train(compose(overrides(world, runs, "curve", "trainer.max_steps=12")))
     run = run_folder(runs, "curve")
     curve = json.loads((run / "metrics.json").read_text())["learning_curve"]
-    logged = [line.split(",") for line in (run / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()]
+    logged = [
+        line.split(",")
+        for line in (run / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()
+    ]
     column, step_column = logged[0].index("val/mR"), logged[0].index("step")
     scores = {int(row[step_column]) + 1: float(row[column]) for row in logged[1:] if row[column]}
     assert curve["metric"] == "val/mR"
@@ -134,9 +155,13 @@ def test_selection_needs_a_val_split(world, tmp_path):
 
 
 def test_a_final_stage_that_would_never_validate_is_refused_before_training(world, tmp_path):
-    cfg = compose(overrides(world, tmp_path / "runs", "never", *SELECT,
-                            "trainer.check_val_every_n_epoch=3"))
-    with pytest.raises(ConfigError, match=r"12 steps, 2 full epoch\(s\) of 6 batches, and validates "
-                                          r"every 3 epoch\(s\), so it would never validate"):
+    cfg = compose(
+        overrides(world, tmp_path / "runs", "never", *SELECT, "trainer.check_val_every_n_epoch=3")
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"12 steps, 2 full epoch\(s\) of 6 batches, and validates "
+        r"every 3 epoch\(s\), so it would never validate",
+    ):
         train(cfg)
     assert not (run_folder(tmp_path / "runs", "never") / "checkpoints").exists()
