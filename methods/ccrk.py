@@ -102,6 +102,10 @@ def build_text_and_fusion(method: Any, data: Any, image_dim: int) -> tuple[TextE
 class CCRk(RetrievalModule):
     """Image encoder, multilingual text encoder, fusion encoder, projection / ITM / MLM heads, τ."""
 
+    @classmethod
+    def check_config(cls, method, languages: list[str]) -> None:
+        resolve_settings(method)  # the ablation's name and its switches
+
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
         self.method_cfg = resolve_settings(self.method_cfg)

@@ -94,3 +94,29 @@ def test_the_cpu_preset_takes_the_methods_thread_count_and_it_is_execution_only(
     assert compose(["method=rc3", "trainer=gpu"]).trainer.cpu_threads is None  # torch's default
     one_thread = compose(["method=rc3", "method.cpu_threads=1", "trainer.cpu_threads=1"])
     assert config_fingerprint(one_thread) == config_fingerprint(rc3)  # same experiment, same row
+
+
+@pytest.mark.parametrize("method", ["clip", "ccrk", "cl2cm", "covlr"])
+def test_a_method_without_protocols_refuses_another_protocol_label(method):
+    """They train on every language of data.languages: a zero-shot label would not be what ran."""
+    assert compose([f"method={method}"]).protocol == "default"
+    with pytest.raises(ConfigError, match=f"protocol=zero-shot: {method} has no protocols of its "
+                                          "own; it trains on every language of data.languages"):
+        compose([f"method={method}", "protocol=zero-shot"])
+
+
+@pytest.mark.parametrize("key, problem", [
+    ("en/mr", "is not a key of the validation report"),          # misspelt
+    ("xx/mR", "is not a key of the validation report"),          # a language the run lacks
+    ("en/i2t/R@3", "is not a key of the validation report"),     # a k not in evaluation.ks
+    ("all/MRV_dropped", "it is not a score"),
+])
+def test_select_on_must_name_a_score_of_the_validation_report_at_composition(key, problem):
+    with pytest.raises(ConfigError, match=f"evaluation.select_on={key}.*{problem}"):
+        compose([f"evaluation.select_on={key}"])
+
+
+@pytest.mark.parametrize("key", ["en/mR", "mR", "mR_non_en", "de/t2i/MeanR", "ja/i2t/MedR",
+                                 "all/MRV", "zh/i2t/NDCG@10", "fr/t2i/MRR", "i2i/NDCG@20"])
+def test_every_score_of_the_validation_report_can_be_selected_on(key):
+    assert compose([f"evaluation.select_on={key}"]).evaluation.select_on == key
