@@ -12,10 +12,12 @@ from types import SimpleNamespace
 import pytest
 import torch
 from omegaconf import OmegaConf
+from safetensors.torch import load_file
 from transformers import AutoModel, XLMRobertaConfig, XLMRobertaModel
 
 from datamodules.datamodule import CCRDataModule
 from datamodules.synthetic import backbones, load_split, pretrain_text
+from experiments.config import compose
 from methods.layers.encoders import ImageEncoder, TextEncoder
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments/configs/data/synthetic.yaml"
@@ -218,8 +220,6 @@ def test_caption_corruptions_leave_the_tokenizer_and_backbones_alone(dm, monkeyp
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
     text = load_file(folder / backbones.TEXT_DIR / "model.safetensors")
     image = torch.load(folder / backbones.IMAGE_FILE, map_location="cpu", weights_only=True)
     return {**{f"text.{k}": v for k, v in text.items()}, **{f"image.{k}": v for k, v in image.items()}}
@@ -228,8 +228,6 @@ def _weights(folder: Path) -> dict[str, torch.Tensor]:
 def test_make_pretrain_and_a_runs_lazy_build_make_the_same_backbones(tmp_path):
     """``make pretrain`` runs with torch's default threads (2 on a 2-core machine), a run builds
     lazily after its preset's ``cpu_threads`` (1): both must cache bit-identical weights."""
-    from experiments.config import compose
-
     sizes = ["data.languages=[en,de]", "data.tokenizer.vocab_size=300",
              "data.synthetic.num_train=24", "data.synthetic.num_val=16", "data.synthetic.num_test=8",
              "data.synthetic.num_pretrain=96", "data.backbones.text.hidden_size=32",
@@ -237,7 +235,11 @@ def test_make_pretrain_and_a_runs_lazy_build_make_the_same_backbones(tmp_path):
              "data.backbones.text.intermediate_size=64", "data.backbones.text.steps=20",
              "data.backbones.text.batch_size=16", "data.backbones.image.embed_dim=32",
              "data.backbones.image.depth=1", "data.backbones.image.num_heads=2",
-             "data.backbones.image.steps=10", "data.backbones.image.batch_size=16"]
+             "data.backbones.image.steps=10", "data.backbones.image.batch_size=16",
+             "data.backbones.seq2seq.d_model=32", "data.backbones.seq2seq.heads=2",
+             "data.backbones.seq2seq.ffn_dim=64", "data.backbones.seq2seq.encoder_layers=1",
+             "data.backbones.seq2seq.steps=10", "data.backbones.seq2seq.batch_size=16",
+             "data.backbones.seq2seq.warmup_steps=1"]
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
@@ -247,12 +249,17 @@ def test_make_pretrain_and_a_runs_lazy_build_make_the_same_backbones(tmp_path):
         run.prepare_data()
         run.setup("fit")
         lazy = Path(run.info.backbones["image"]["pretrained"]).parents[1]
+        lazy_seq2seq = Path(run.info.backbones["seq2seq"]["pretrained"])
         assert torch.get_num_threads() == 1  # the build restores the caller's count
     finally:
         torch.set_num_threads(before)
     (built,) = (tmp_path / "pretrain").glob("backbones-*")
+    (built_seq2seq,) = (tmp_path / "pretrain").glob(f"seq2seq-*/{backbones.SEQ2SEQ_DIR}")
     assert built.name == lazy.name
     first, second = _weights(built), _weights(lazy)
+    for name, tensors in (("pretrain", first), ("lazy", second)):
+        folder = built_seq2seq if name == "pretrain" else lazy_seq2seq
+        tensors.update({f"seq2seq.{k}": v for k, v in load_file(folder / "model.safetensors").items()})
     assert first.keys() == second.keys()
     different = [k for k in first if not torch.equal(first[k], second[k])]
     assert not different, f"{len(different)} of {len(first)} tensors differ, e.g. {different[:3]}"
