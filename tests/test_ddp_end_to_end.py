@@ -70,12 +70,14 @@ def test_ddp_training_scores_equal_a_one_process_rescoring(method, tmp_path_fact
 
 def _ddp_clip(runs, world, run_id, *extra, script=("-m", "experiments.train"), timeout=300):
     """A 2-process clip run of 6 steps on WORLD: 48 records, 8 per process and batch, so 3 steps
-    an epoch, a checkpoint every 3 (each on an epoch boundary) and a validation every epoch."""
+    an epoch, a checkpoint every 3 (each on an epoch boundary) and a validation every epoch. A
+    loader worker, as in the presets: it draws the epoch's order as soon as its iterator starts."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
     argv = ["method=clip", f"data.root={world}", f"run_dir={runs}", f"run_id={run_id}",
             "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
             "trainer.cpu_threads=1", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=3",
-            "trainer.check_val_every_n_epoch=1", "trainer.progress_refresh_rate=0", *WORLD, *extra]
+            "trainer.check_val_every_n_epoch=1", "trainer.progress_refresh_rate=0", *WORLD,
+            "data.num_workers=1", *extra]
     return subprocess.run([sys.executable, *script, *argv], cwd=REPO, env=env, timeout=timeout,
                           capture_output=True, text=True)
 
