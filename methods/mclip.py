@@ -438,6 +438,11 @@ class MCLIP(RetrievalModule):
                 "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
 
     @classmethod
+    def check_config(cls, method, languages: list[str]) -> None:
+        selected_stages(method)  # the stage list and the variant
+        protocol_of(method, languages)
+
+    @classmethod
     def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
         names = selected_stages(method)
         protocol = protocol_of(method, list(data.languages))
