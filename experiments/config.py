@@ -15,6 +15,7 @@ from typing import cast
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
+import metrics
 from experiments.schema import RunConfig, check_bounds
 
 CONFIG_DIR = Path(__file__).resolve().parent / "configs"
@@ -121,6 +122,7 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     check_run_protocol(merged)
     label_lit(merged)
     fit_mrv_languages(merged, explicit=any(o.startswith("data.mrv_languages=") for o in overrides))
+    check_select_on(merged)
     return merged
 
 
@@ -164,16 +166,56 @@ def fit_mrv_languages(cfg: DictConfig, explicit: bool) -> None:
     data.mrv_languages = kept or None
 
 
+DEFAULT_PROTOCOL = "default"  # a method without protocols of its own trains on data.languages
+
+
 def check_run_protocol(cfg: DictConfig) -> None:
-    """A method that trains by its protocol (``method.run_protocol``: mCLIP, RC3) must train the
-    one the run records as ``protocol``, or the leaderboard label would not be what ran."""
+    """The ``protocol`` a run records is what it trains. A method that trains by its protocol
+    (``method.run_protocol``: mCLIP, RC3) must train the one the run records; any other method
+    has one way to train (on every language of ``data.languages``), recorded as ``default``,
+    so another label would not be what ran."""
     method = cfg.get("method")
-    ran = method.get("run_protocol") if isinstance(method, DictConfig) else None
+    if not isinstance(method, DictConfig):
+        return
+    ran = method.get("run_protocol")
     if ran is not None and ran != cfg.protocol:
         raise ConfigError(
             f"method.run_protocol={ran} differs from protocol={cfg.protocol}, the "
             "label the run records; set protocol= alone"
         )
+    if ran is None and cfg.protocol != DEFAULT_PROTOCOL:
+        raise ConfigError(
+            f"protocol={cfg.protocol}: {method.get('name')} has no protocols of its own; it "
+            f"trains on every language of data.languages, recorded as protocol={DEFAULT_PROTOCOL} "
+            "(mclip and rc3 train by protocol)"
+        )
+
+
+def check_select_on(cfg: DictConfig) -> None:
+    """``evaluation.select_on`` names a score of the validation report (its direction, higher
+    or lower is better, follows from the key). Whether the data has a val split is the training
+    run's check (a preset pair without one still composes, e.g. to evaluate on it)."""
+    key = cfg.evaluation.get("select_on")
+    if key is None:
+        return
+    e = cfg.evaluation
+    known = metrics.report_keys(
+        list(cfg.data.languages),
+        ks=list(e.ks),
+        ndcg_k=e.ndcg_k,
+        unimodal_ndcg_ks=list(e.unimodal_ndcg_ks),
+        graded=cfg.data.name == "synthetic",
+    )
+    if key not in known:
+        examples = [k for k in known if k.endswith(("/mR", "/R@1", "/MeanR", "all/MRV"))]
+        raise ConfigError(
+            f"evaluation.select_on={key} is not a key of the validation report; "
+            f"e.g. {', '.join(['mR', *examples[:6]])} (docs/metrics.md)"
+        )
+    try:
+        metrics.better_direction(key)
+    except ValueError as err:
+        raise ConfigError(f"evaluation.select_on={key}: {err}") from None
 
 
 def method_label(cfg: DictConfig) -> str:

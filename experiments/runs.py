@@ -3,9 +3,11 @@
 A run folder holds the resolved ``config.yaml``, the TensorBoard and CSV logs, checkpoints (one
 folder per stage for staged methods) and ``metrics.json``, the only file the leaderboard reads.
 
-One run per folder: a new run creates its folder (an existing one is an error), ``ckpt_path=last``
-resumes only a folder that holds a checkpoint and the same configuration, and an exclusive lock
-refuses a second process while the first writes. Files are replaced atomically, so an
+One run per folder: a new run creates its folder (an existing one with a checkpoint or a result
+is an error; one left by a failed start, with neither, is replaced), ``ckpt_path=last`` resumes
+only a folder that holds a checkpoint and the same configuration, and an exclusive lock refuses a
+second process while the first writes. A new run that fails before its first checkpoint removes
+its folder, so a failed start never blocks its ``run_id``. Files are replaced atomically, so an
 interruption or a full disk never leaves a truncated ``config.yaml``, ``metrics.json`` or
 checkpoint behind.
 """
@@ -18,6 +20,7 @@ import hashlib
 import json
 import math
 import os
+import shutil
 import subprocess
 import time
 from collections.abc import Iterator, Mapping
@@ -128,8 +131,9 @@ def _is_spawned_rank() -> bool:
     return any(rank != "0" for rank in ranks)
 
 
-def _new_run_dir(cfg: DictConfig) -> Path:
-    """Create a fresh folder: the named ``run_id`` (must not exist) or a timestamped one."""
+def _new_run_dir(cfg: DictConfig) -> tuple[Path, bool]:
+    """A fresh folder: the named ``run_id`` or a timestamped one; and whether it is the folder
+    of a failed start (it exists with no checkpoint and no result), which the new run replaces."""
     root = run_root(cfg)
     root.mkdir(parents=True, exist_ok=True)
     if cfg.run_id is not None:
@@ -137,17 +141,23 @@ def _new_run_dir(cfg: DictConfig) -> Path:
         try:
             folder.mkdir()
         except FileExistsError:
-            raise ConfigError(
-                f"run folder {folder} already exists; choose another run_id, or "
-                "resume it with ckpt_path=last"
-            ) from None
-        return folder
+            if (folder / "metrics.json").exists():
+                raise ConfigError(
+                    f"run {folder} has finished (metrics.json exists); choose another run_id"
+                ) from None
+            if checkpoints_in(folder):
+                raise ConfigError(
+                    f"run folder {folder} already exists with checkpoints; resume it "
+                    "with ckpt_path=last, or choose another run_id"
+                ) from None
+            return folder, True
+        return folder, False
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.seed}"
     for attempt in range(1, 1000):
         folder = root / (stamp if attempt == 1 else f"{stamp}-{attempt}")
         try:
             folder.mkdir()
-            return folder
+            return folder, False
         except FileExistsError:
             continue
     raise ConfigError(f"could not create a new run folder under {root}")
@@ -225,15 +235,37 @@ def claim_run_dir(cfg: DictConfig) -> Iterator[Path]:
         yield Path(attached) if attached else run_root(cfg) / str(cfg.run_id)
         return
     resuming = cfg.ckpt_path == "last"
-    folder = _resumable_run_dir(cfg) if resuming else _new_run_dir(cfg)
+    folder, failed_start = (_resumable_run_dir(cfg), False) if resuming else _new_run_dir(cfg)
     with _locked(folder):
         if resuming:
             _check_resumable(cfg, folder)
+        if failed_start:
+            print(
+                f"note: {folder} holds no checkpoint and no result (a failed start); "
+                "this run replaces it",
+                flush=True,
+            )
+            _empty(folder)
         os.environ[ATTACHED_RUN_DIR] = str(folder)
         try:
             yield folder
+        except BaseException:
+            if not resuming and not checkpoints_in(folder):  # nothing to resume: leave no stub
+                shutil.rmtree(folder, ignore_errors=True)
+            raise
         finally:
             os.environ.pop(ATTACHED_RUN_DIR, None)
+
+
+def _empty(folder: Path) -> None:
+    """Remove everything in ``folder`` but its lock file."""
+    for entry in folder.iterdir():
+        if entry.name == LOCK:
+            continue
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry)
+        else:
+            entry.unlink()
 
 
 def resume_checkpoint(checkpoint_dir: Path, ckpt_path: str | None) -> str | None:

@@ -23,7 +23,7 @@ import methods
 from datamodules.datamodule import CCRDataModule
 from datamodules.shards import SkippedSamples
 from experiments import cli
-from experiments.config import compose
+from experiments.config import ConfigError, compose
 from experiments.curves import ValidationCurve, run_curve
 from experiments.encoder_checks import check_encoders
 from experiments.loggers import check_loggers
@@ -139,9 +139,25 @@ def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage
             )
 
 
+def check_config_only(cfg: DictConfig) -> None:
+    """The checks that need only the config and were not made at composition (the method's
+    ablation and variant names, protocol, stage lists; a val split to select on), run before
+    the run folder is made and any data is read."""
+    try:
+        methods.get(cfg.method.name).check_config(cfg.method, list(cfg.data.languages))
+    except ValueError as err:
+        raise ConfigError(str(err)) from None
+    if cfg.evaluation.select_on is not None and cfg.data.splits.get("val") is None:
+        raise ConfigError(
+            f"evaluation.select_on={cfg.evaluation.select_on} selects on the val "
+            "split, but data.splits.val is null"
+        )
+
+
 def train(cfg: DictConfig) -> Path:
     """Run every stage, evaluate the last one on test, and return the run folder."""
     check_encoders(cfg)
+    check_config_only(cfg)
     check_accelerator(cfg)
     configure_threads(cfg)
     configure_matmul_precision(cfg)
@@ -161,7 +177,12 @@ def train(cfg: DictConfig) -> Path:
             print(f"note: {notice}", flush=True)
         check_trainable(cfg, data, stages)
         final = stages[-1]
-        check_selection(cfg, final.dataloader(data), final.max_steps or cfg.trainer.max_steps)
+        check_selection(
+            cfg,
+            final.dataloader(data),
+            final.max_steps or cfg.trainer.max_steps,
+            data.eval_view("val").languages if cfg.evaluation.select_on else [],
+        )
         return _train_stages(cfg, run_dir, data, stages)
 
 

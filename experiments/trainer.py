@@ -94,6 +94,7 @@ class TrainingPosition(Callback):
         self.batches = 0
         self.resumed: tuple[int, int] | None = None
         self._pending_rng: dict[str, Any] | None = None
+        self._between_epochs = False
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.current_epoch != self.epoch:
@@ -112,6 +113,62 @@ class TrainingPosition(Callback):
         self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
         self.resumed = (self.epoch, self.batches)
         self._pending_rng = state["rng"]
+
+    def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
+        """A checkpoint saved after an epoch's last batch resumes at the next epoch's start.
+
+        Lightning (2.6) restores such a checkpoint as "mid-epoch, last batch done": it counts the
+        epoch as finished, then finishes the next one with no batch, so the resumed run skips an
+        epoch (its data order and epoch-based schedule drift from the uninterrupted run). The
+        fit loop's progress is rewritten here, before Lightning restores it, to what it is
+        between the two epochs; the sampler then resumes at batch 0 of the next epoch.
+        """
+        loop = checkpoint.get("loops", {}).get("fit_loop")
+        if loop is None or not _ended_an_epoch(loop):
+            return
+        _start_next_epoch(loop)
+        self._between_epochs = True
+        own = checkpoint["callbacks"][self.state_key]  # restored into this callback next
+        own["epoch"], own["batches"] = int(own["epoch"]) + 1, 0
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        # Between epochs nothing is left to restart: the next epoch starts as in an unbroken run
+        # (Lightning keeps a step-bounded run "restarting", which would replay the saved batch's
+        # end-of-batch bookkeeping, a scheduler step included, before the epoch's first batch).
+        if self._between_epochs:
+            trainer.fit_loop.epoch_loop.restarting = False
+            self._between_epochs = False
+
+
+def _ended_an_epoch(fit_loop: dict[str, Any]) -> bool:
+    """The fit loop's state was saved at the end of an epoch's last training batch (a step
+    checkpoint on the epoch boundary)."""
+    batches = fit_loop["epoch_loop.batch_progress"]
+    total = batches["total"]
+    return bool(batches["is_last_batch"]) and total["completed"] == total["processed"] - 1
+
+
+def _start_next_epoch(fit_loop: dict[str, Any]) -> None:
+    """Rewrite the fit loop's progress counters in place to "epoch finished, the next one not
+    started": the finished batch counted complete, the per-epoch counters at zero."""
+    batches = fit_loop["epoch_loop.batch_progress"]
+    batches["total"]["completed"] = batches["total"]["processed"]
+    batches["is_last_batch"] = False
+
+    def zero_current(progress: dict[str, Any]) -> None:
+        for key, value in progress.items():
+            if key == "current":
+                for counter in value:
+                    value[counter] = 0
+            elif isinstance(value, dict):
+                zero_current(value)
+
+    for name in ("batch_progress", "scheduler_progress", "automatic_optimization.optim_progress"):
+        zero_current(fit_loop[f"epoch_loop.{name}"])
+    # Lightning counts the saved batch as stepped on a mid-epoch restart only
+    fit_loop["epoch_loop.state_dict"]["_batches_that_stepped"] += 1
+    for counters in fit_loop["epoch_progress"].values():
+        counters["processed"] = counters["completed"] = counters["started"]
 
 
 class StopOnNonFiniteLoss(Callback):

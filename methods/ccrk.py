@@ -155,6 +155,10 @@ class CCRk(RetrievalModule):
 
     supports_grad_cache = True
 
+    @classmethod
+    def check_config(cls, method, languages: list[str]) -> None:
+        resolve_settings(method)  # the ablation's name and its switches
+
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
         self.method_cfg = resolve_settings(self.method_cfg)

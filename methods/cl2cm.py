@@ -70,6 +70,10 @@ class CL2CM(RetrievalModule):
     """Image encoder (+ a linear head when its width is not ``embed_dim``), the shared multilingual
     text encoder G and the CM text head Linear(H -> embed_dim); τ_n for both InfoNCE terms."""
 
+    @classmethod
+    def check_config(cls, method, languages: list[str]) -> None:
+        resolve_settings(method)  # the ablation's name and its switches
+
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
         self.settings = resolve_settings(self.method_cfg)

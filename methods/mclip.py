@@ -508,6 +508,11 @@ class MCLIP(RetrievalModule):
         }
 
     @classmethod
+    def check_config(cls, method, languages: list[str]) -> None:
+        selected_stages(method)  # the stage list and the variant
+        protocol_of(method, languages)
+
+    @classmethod
     def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
         names = selected_stages(method)
         protocol = protocol_of(method, list(data.languages))

@@ -666,6 +666,11 @@ class RC3(RetrievalModule):
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
 
     @classmethod
+    def check_config(cls, method, languages: list[str]) -> None:
+        protocol_of(method, languages)
+        resolve_settings(method)  # the ablation's name and the visual input
+
+    @classmethod
     def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
         """``pretrain`` on every language's training batches, then, under ``fine-tune-en``,
         ``finetune`` built from its checkpoint and trained on English captions only."""

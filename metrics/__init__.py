@@ -6,12 +6,14 @@ from metrics.functional import mean_rank_variance
 from metrics.graded import graded_ndcg, graded_ndcg_at
 from metrics.protocol import METRIC_PROTOCOL
 from metrics.ranks import best_positive_rank, paired_ranks, rank_and_ndcg
-from metrics.report import retrieval_report
+from metrics.report import better_direction, report_keys, retrieval_report
 from metrics.reranking import Reranker
 
 __all__ = [
     "METRIC_PROTOCOL",
     "Reranker",
+    "better_direction",
+    "report_keys",
     "RetrievalEvaluation",
     "best_positive_rank",
     "graded_ndcg",

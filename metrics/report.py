@@ -271,3 +271,45 @@ def _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ks, chun
         )
         scores |= {f"{name}/NDCG@{k}": ndcg.mean().item() for k, ndcg in per_k.items()}
     return scores
+
+
+def report_keys(
+    languages: Sequence[str],
+    *,
+    ks=(1, 5, 10),
+    ndcg_k: int = 10,
+    unimodal_ndcg_ks: Sequence[int] = (),
+    graded: bool = False,
+) -> list[str]:
+    """The keys :func:`retrieval_report` returns for these evaluated languages and settings
+    (``graded``: the data gives image relevance, so the uni-modal NDCG keys are present), known
+    before anything is scored: a run checks ``evaluation.select_on`` against them."""
+    metrics = [*(f"R@{k}" for k in ks), f"NDCG@{ndcg_k}", "MRR", "MeanR", "MedR"]
+    keys = [
+        f"{lang}/{direction}/{m}"
+        for lang in languages
+        for direction in ("i2t", "t2i")
+        for m in metrics
+    ]
+    keys += [f"{lang}/mR" for lang in languages] + ["mR"]
+    if any(lang != "en" for lang in languages):
+        keys.append("mR_non_en")
+    keys += [f"all/MRV_{kind}/{d}" for kind in ("var", "std") for d in ("i2t", "t2i")]
+    keys += ["all/MRV", "all/MRV_dropped"]
+    if graded:
+        keys += [f"{side}/NDCG@{k}" for side in ("i2i", "t2t") for k in unimodal_ndcg_ks]
+    return keys
+
+
+LOWER_IS_BETTER = ("MeanR", "MedR")  # ranks; every MRV key (a spread of ranks) too
+NOT_A_SCORE = ("all/MRV_dropped",)  # a count of images left out, neither better nor worse
+
+
+def better_direction(key: str) -> str:
+    """``"max"`` for a report key where higher is better (recall, NDCG, MRR, mR), ``"min"`` where
+    lower is (MeanR, MedR, MRV); ``ValueError`` for a key that ranks nothing."""
+    if key in NOT_A_SCORE:
+        raise ValueError(f"report key {key!r} counts images left out of MRV; it is not a score")
+    if key.startswith("all/MRV") or key.rsplit("/", 1)[-1] in LOWER_IS_BETTER:
+        return "min"
+    return "max"

@@ -5,17 +5,20 @@ through the real loaders (``hf:<path>``, a timm state dict), the cache skips reb
 from __future__ import annotations
 
 import copy
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 from omegaconf import OmegaConf
+from safetensors.torch import load_file
 from transformers import AutoModel, XLMRobertaConfig, XLMRobertaModel
 
 from datamodules.datamodule import CCRDataModule
 from datamodules.synthetic import backbones, load_split, pretrain_text
+from datamodules.synthetic.pretrain_seq2seq import Seq2SeqRecipe
+from experiments.config import compose
 from methods.layers.encoders import ImageEncoder, TextEncoder
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments/configs/data/synthetic.yaml"
@@ -235,3 +238,74 @@ def test_caption_corruptions_leave_the_tokenizer_and_backbones_alone(dm, monkeyp
     monkeypatch.setattr(backbones, "pretrain_text", refuse)
     monkeypatch.setattr(backbones, "pretrain_image", refuse)
     assert dict(noisy.info.backbones) == expected
+
+
+def _weights(folder: Path) -> dict[str, torch.Tensor]:
+    text = load_file(folder / backbones.TEXT_DIR / "model.safetensors")
+    image = torch.load(folder / backbones.IMAGE_FILE, map_location="cpu", weights_only=True)
+    return {
+        **{f"text.{k}": v for k, v in text.items()},
+        **{f"image.{k}": v for k, v in image.items()},
+    }
+
+
+@dataclass(frozen=True)
+class TinySeq2Seq(Seq2SeqRecipe):
+    d_model: int = 32
+    heads: int = 2
+    ffn_dim: int = 64
+    encoder_layers: int = 1
+    steps: int = 10
+    batch_size: int = 16
+    warmup_steps: int = 1
+
+
+def test_make_pretrain_and_a_runs_lazy_build_make_the_same_backbones(tmp_path, monkeypatch):
+    """``make pretrain`` runs with torch's default threads (2 on a 2-core machine), a run builds
+    lazily after its preset's ``cpu_threads`` (1): both must cache bit-identical weights."""
+    sizes = [
+        "data.languages=[en,de]",
+        "data.tokenizer.vocab_size=300",
+        "data.synthetic.num_train=24",
+        "data.synthetic.num_val=16",
+        "data.synthetic.num_test=8",
+        "data.synthetic.num_pretrain=96",
+        "data.backbones.text.hidden_size=32",
+        "data.backbones.text.layers=1",
+        "data.backbones.text.heads=2",
+        "data.backbones.text.intermediate_size=64",
+        "data.backbones.text.steps=20",
+        "data.backbones.text.batch_size=16",
+        "data.backbones.image.embed_dim=32",
+        "data.backbones.image.depth=1",
+        "data.backbones.image.num_heads=2",
+        "data.backbones.image.steps=10",
+        "data.backbones.image.batch_size=16",
+    ]
+    # make pretrain builds the world mBART too, whose recipe the command line cannot shrink
+    monkeypatch.setattr(backbones, "Seq2SeqRecipe", TinySeq2Seq)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        backbones.main([f"data.root={tmp_path / 'pretrain'}", *sizes])
+        torch.set_num_threads(1)
+        run = CCRDataModule(compose([f"data.root={tmp_path / 'run'}", *sizes]).data)
+        run.prepare_data()
+        run.setup("fit")
+        lazy = Path(run.info.backbones["image"]["pretrained"]).parents[1]
+        lazy_seq2seq = Path(run.info.backbones["seq2seq"]["pretrained"])
+        assert torch.get_num_threads() == 1  # the build restores the caller's count
+    finally:
+        torch.set_num_threads(before)
+    (built,) = (tmp_path / "pretrain").glob("backbones-*")
+    (built_seq2seq,) = (tmp_path / "pretrain").glob(f"seq2seq-*/{backbones.SEQ2SEQ_DIR}")
+    assert built.name == lazy.name
+    first, second = _weights(built), _weights(lazy)
+    for name, tensors in (("pretrain", first), ("lazy", second)):
+        folder = built_seq2seq if name == "pretrain" else lazy_seq2seq
+        tensors.update(
+            {f"seq2seq.{k}": v for k, v in load_file(folder / "model.safetensors").items()}
+        )
+    assert first.keys() == second.keys()
+    different = [k for k in first if not torch.equal(first[k], second[k])]
+    assert not different, f"{len(different)} of {len(first)} tensors differ, e.g. {different[:3]}"

@@ -136,3 +136,47 @@ def test_mrv_languages_set_outside_the_run_languages_is_an_error_naming_the_key(
         r"data\.languages=\['de', 'ja'\] does not evaluate",
     ):
         compose(["data=xflickrco", "data.languages=[de,ja]", "data.mrv_languages=[en,de]"])
+
+
+@pytest.mark.parametrize("method", ["clip", "ccrk", "cl2cm", "covlr"])
+def test_a_method_without_protocols_refuses_another_protocol_label(method):
+    """They train on every language of data.languages: a zero-shot label would not be what ran."""
+    assert compose([f"method={method}"]).protocol == "default"
+    with pytest.raises(
+        ConfigError,
+        match=f"protocol=zero-shot: {method} has no protocols of its "
+        "own; it trains on every language of data.languages",
+    ):
+        compose([f"method={method}", "protocol=zero-shot"])
+
+
+@pytest.mark.parametrize(
+    "key, problem",
+    [
+        ("en/mr", "is not a key of the validation report"),  # misspelt
+        ("xx/mR", "is not a key of the validation report"),  # a language the run lacks
+        ("en/i2t/R@3", "is not a key of the validation report"),  # a k not in evaluation.ks
+        ("all/MRV_dropped", "it is not a score"),
+    ],
+)
+def test_select_on_must_name_a_score_of_the_validation_report_at_composition(key, problem):
+    with pytest.raises(ConfigError, match=f"evaluation.select_on={key}.*{problem}"):
+        compose([f"evaluation.select_on={key}"])
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "en/mR",
+        "mR",
+        "mR_non_en",
+        "de/t2i/MeanR",
+        "ja/i2t/MedR",
+        "all/MRV",
+        "zh/i2t/NDCG@10",
+        "fr/t2i/MRR",
+        "i2i/NDCG@20",
+    ],
+)
+def test_every_score_of_the_validation_report_can_be_selected_on(key):
+    assert compose([f"evaluation.select_on={key}"]).evaluation.select_on == key

@@ -106,3 +106,54 @@ def test_ddp_training_scores_equal_a_one_process_rescoring(method, tmp_path_fact
         # (methods.layers.base), so sharding does not move near-tied t2t pairs
         assert value == rescored["metrics"][key], key
     assert {"en/i2t/R@1", "ja/t2i/R@10", "mR"} <= set(trained["metrics"])
+
+
+def _ddp_clip(runs, world, run_id, *extra, script=("-m", "experiments.train"), timeout=300):
+    """A 2-process clip run of 6 steps on WORLD: 48 records, 8 per process and batch, so 3 steps
+    an epoch, a checkpoint every 3 (each on an epoch boundary) and a validation every epoch. A
+    loader worker, as in the presets: it draws the epoch's order as soon as its iterator starts."""
+    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
+    argv = [
+        "method=clip",
+        f"data.root={world}",
+        f"run_dir={runs}",
+        f"run_id={run_id}",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "trainer.cpu_threads=1",
+        "trainer.max_steps=6",
+        "trainer.checkpoint_every_n_steps=3",
+        "trainer.check_val_every_n_epoch=1",
+        "trainer.progress_refresh_rate=0",
+        *WORLD,
+        "data.num_workers=1",
+        *extra,
+    ]
+    return subprocess.run(
+        [sys.executable, *script, *argv],
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+    )
+
+
+@pytest.mark.slow
+def test_a_ddp_run_resumed_on_an_epoch_boundary_equals_the_uninterrupted_run(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("ddp_resume")
+    world = tmp_path_factory.getbasetemp() / "ddp_world"
+    whole = _ddp_clip(runs, world, "whole")
+    assert whole.returncode == 0, whole.stderr[-3000:]
+    # both processes kill themselves as their 5th batch starts: the last checkpoint is step 3's
+    killed = _ddp_clip(
+        runs, world, "cut", script=(str(REPO / "tests" / "interrupted_train.py"), "KILL", "5")
+    )
+    assert killed.returncode != 0
+    resumed = _ddp_clip(runs, world, "cut", "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-3000:]
+    expected = json.loads((runs / "synthetic" / "clip" / "whole" / "metrics.json").read_text())
+    result = json.loads((runs / "synthetic" / "clip" / "cut" / "metrics.json").read_text())
+    assert result["resumed_from_step"] == 3 and result["train_steps"] == 6
+    assert result["metrics"] == expected["metrics"]

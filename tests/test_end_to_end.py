@@ -175,38 +175,67 @@ def uninterrupted(world, tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize(
-    "signal_name, at_batch, resumed_step",
+    "signal_name, at_batch, resumed_step, every",
     [
-        ("KILL", 6, 4),
-        ("INT", 10, 8),
-        ("KILL", 10, 8),
+        ("KILL", 6, 4, 4),
+        ("INT", 10, 8, 4),
+        ("KILL", 10, 8, 4),
+        ("KILL", 8, 6, 6),  # the checkpoint closes epoch 0, which validates after it
+        ("INT", 7, 6, 3),
     ],
 )
 def test_interrupted_run_resumes_exactly(
-    signal_name, at_batch, resumed_step, world, tmp_path, uninterrupted
+    signal_name, at_batch, resumed_step, every, world, tmp_path, uninterrupted
 ):
-    """48 training records in batches of 8: 6 batches an epoch, so both resumes start mid-epoch."""
+    """48 training records in batches of 8: 6 batches an epoch, so a checkpoint every 4 steps
+    resumes mid-epoch, and one at step 6 on the boundary between epochs 0 and 1."""
     runs = tmp_path / "runs"
     killed = _run(
         [str(REPO / "tests" / "interrupted_train.py"), signal_name, str(at_batch)],
         runs,
         world,
         "cut",
+        f"trainer.checkpoint_every_n_steps={every}",
     )
     assert killed.returncode != 0
     run = runs / "synthetic" / "clip" / "cut"
     assert not (run / "metrics.json").exists()
     before = (run / "csv" / "checkpoints" / "metrics.csv").read_text()
 
-    resumed = _run(["-m", "experiments.train"], runs, world, "cut", "ckpt_path=last")
+    resumed = _run(
+        ["-m", "experiments.train"],
+        runs,
+        world,
+        "cut",
+        "ckpt_path=last",
+        f"trainer.checkpoint_every_n_steps={every}",
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     result = json.loads((run / "metrics.json").read_text())
     assert result["resumed_from_step"] == resumed_step
     assert result["train_steps"] == 12
     assert result["metrics"] == uninterrupted["metrics"]
     assert (run / "csv" / "checkpoints" / "metrics.csv").read_text() == before  # earlier log kept
+    # the resumed log continues the uninterrupted one: same epochs, steps and losses
+    whole = Path(uninterrupted["checkpoint"]).parents[1] / "csv" / "checkpoints" / "metrics.csv"
+    after = (run / "csv" / f"checkpoints-resumed-at-{resumed_step}" / "metrics.csv").read_text()
+    assert _train_rows(before, below=resumed_step) + _train_rows(after) == _train_rows(
+        whole.read_text()
+    )
     for noise in ("litlogger", "LeafSpec", "weights_only"):
         assert noise not in resumed.stderr + resumed.stdout
+
+
+def _train_rows(csv_text: str, below: int | None = None) -> list[tuple[str, str, str]]:
+    """(epoch, step, train/loss) of each logged training step, those before ``below`` only."""
+    lines = csv_text.splitlines()
+    column = lines[0].split(",").index("train/loss")
+    rows = [
+        (cells[0], cells[1], cells[column])
+        for cells in (line.split(",") for line in lines[1:])
+        if cells[column]
+    ]
+    return [row for row in rows if below is None or int(row[1]) < below]
 
 
 @pytest.mark.slow

@@ -74,13 +74,72 @@ def test_a_pickle_payload_never_runs(tmp_path, world):
     )
 
 
-def test_an_existing_run_folder_is_never_reused(tmp_path, world):
-    cfg = tiny(world, tmp_path / "runs", "run_id=once")
-    with claim_run_dir(cfg):
-        pass
-    with pytest.raises(ConfigError, match="already exists"):
-        with claim_run_dir(tiny(world, tmp_path / "runs", "run_id=once", "seed=1")):
+def test_a_run_folder_with_a_checkpoint_or_a_result_is_never_reused(tmp_path, world):
+    runs = tmp_path / "runs"
+    with claim_run_dir(tiny(world, runs, "run_id=once")) as folder:
+        (folder / "checkpoints").mkdir()
+        (folder / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    with pytest.raises(
+        ConfigError,
+        match="already exists with checkpoints; resume it with "
+        "ckpt_path=last, or choose another run_id",
+    ):
+        with claim_run_dir(tiny(world, runs, "run_id=once", "seed=1")):
             pass
+    (folder / "metrics.json").write_text("{}")
+    with pytest.raises(ConfigError, match=r"has finished \(metrics.json exists\); choose another"):
+        with claim_run_dir(tiny(world, runs, "run_id=once", "seed=1")):
+            pass
+
+
+def test_a_failed_start_leaves_no_run_folder(tmp_path, world):
+    runs = tmp_path / "runs"
+    with pytest.raises(RuntimeError, match="setup failed"):
+        with claim_run_dir(tiny(world, runs, "run_id=failed")) as folder:
+            save_config(tiny(world, runs, "run_id=failed"), folder)
+            raise RuntimeError("setup failed")
+    assert not folder.exists()
+    with claim_run_dir(tiny(world, runs, "run_id=failed")) as again:
+        assert again == folder
+
+
+def test_a_folder_left_by_a_failed_start_is_replaced_by_the_next_run(tmp_path, world, capsys):
+    """A folder with a config but no checkpoint and no result (a start killed before its first
+    checkpoint, or left by an older version) does not block its run_id."""
+    runs = tmp_path / "runs"
+    stub = runs / "synthetic" / "clip" / "stub"
+    stub.mkdir(parents=True)
+    save_config(tiny(world, runs, "run_id=stub", "seed=7"), stub)
+    (stub / "csv").mkdir()
+    with claim_run_dir(tiny(world, runs, "run_id=stub")) as folder:
+        assert folder == stub and sorted(p.name for p in folder.iterdir()) == [".lock"]
+    assert (
+        "holds no checkpoint and no result (a failed start); this run replaces it"
+        in capsys.readouterr().out
+    )
+
+
+def test_config_only_problems_are_reported_before_data_is_read_and_leave_no_folder(tmp_path):
+    """The data root cannot exist (its parent is a file): each error below must come from the
+    config alone."""
+    runs = tmp_path / "runs"
+    (tmp_path / "a-file").write_text("")
+    base = [f"data.root={tmp_path / 'a-file' / 'data'}", f"run_dir={runs}", "run_id=early"]
+    cases = [
+        (["method=ccrk", "variant=bogus"], "ccrk ablation 'bogus'"),
+        (["method=cl2cm", "variant=bogus"], "cl2cm ablation 'bogus'"),
+        (["method=rc3", "variant=bogus"], "rc3 ablation 'bogus'"),
+        (["method=mclip", "variant=bogus"], "mclip variant 'bogus'"),
+        (["method=mclip", "protocol=fine-tune-xx"], "mclip protocol 'fine-tune-xx'"),
+        (
+            ["method=rc3", "data.languages=[de,ja]"],
+            "rc3 protocol fine-tune-en fine-tunes on English",
+        ),
+    ]
+    for overrides, message in cases:
+        with pytest.raises(ConfigError, match=message):
+            train(compose([*base, *overrides]))
+        assert not runs.exists() or not any(runs.rglob("early")), overrides
 
 
 def test_resume_needs_an_existing_run_with_a_checkpoint_and_the_same_config(tmp_path, world):
@@ -189,3 +248,18 @@ def test_a_diverged_run_stops_with_one_line_and_writes_no_metrics(tmp_path, worl
     assert "train/temperature" in last
     assert "Traceback" not in done.stderr
     assert not (tmp_path / "runs" / "synthetic" / "clip" / "d" / "metrics.json").exists()
+
+
+@pytest.mark.slow
+def test_make_compare_runs_again_after_a_failed_start(tmp_path, world):
+    """A start that failed before its first checkpoint (here: a killed one, which leaves its
+    folder with the config only) does not stop a re-run of compare from training that run."""
+    from experiments import compare
+
+    overrides = [f"data.root={world}", f"run_dir={tmp_path / 'runs'}", *TINY]
+    argv = ["method=clip", "data=synthetic", "seed=0", *overrides]
+    folder = tmp_path / "runs" / "synthetic" / "clip" / compare.run_id(argv, 0)
+    folder.mkdir(parents=True)
+    save_config(compose([*argv, f"run_id={folder.name}"]), folder)
+    compare._main(["--seeds", "0", "--methods", "clip", "--", *overrides])
+    assert json.loads((folder / "metrics.json").read_text())["train_steps"] == 3

@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import lightning as L
 import pytest
 import torch
 from falling_val_train import falling_val_scores
@@ -14,7 +15,9 @@ from worlds import QUICK_BACKBONES
 
 from experiments.config import ConfigError, compose
 from experiments.evaluate import evaluate
+from experiments.selection import check_selection, selection_checkpoint, validation_steps
 from experiments.train import train
+from metrics import report_keys, retrieval_report
 
 REPO = Path(__file__).resolve().parents[1]
 # 48 training records in batches of 8: 6 steps an epoch, so 12 steps validate at steps 6 and 12.
@@ -148,10 +151,20 @@ def test_the_record_holds_the_mean_recall_of_every_validation(world, tmp_path):
     assert scores[6] != scores[12]
 
 
-def test_selection_needs_a_val_split(world, tmp_path):
-    cfg = compose(overrides(world, tmp_path / "runs", "noval", *SELECT, "data.splits.val=null"))
+def test_selection_needs_a_val_split_and_says_so_before_reading_data(tmp_path):
+    (tmp_path / "a-file").write_text("")  # the data root cannot exist: no data is read
+    cfg = compose(
+        overrides(
+            tmp_path / "a-file" / "data",
+            tmp_path / "runs",
+            "noval",
+            *SELECT,
+            "data.splits.val=null",
+        )
+    )
     with pytest.raises(ConfigError, match=r"evaluation.select_on=en/mR .*data.splits.val is null"):
         train(cfg)
+    assert not run_folder(tmp_path / "runs", "noval").exists()
 
 
 def test_a_final_stage_that_would_never_validate_is_refused_before_training(world, tmp_path):
@@ -160,8 +173,141 @@ def test_a_final_stage_that_would_never_validate_is_refused_before_training(worl
     )
     with pytest.raises(
         ConfigError,
-        match=r"12 steps, 2 full epoch\(s\) of 6 batches, and validates "
-        r"every 3 epoch\(s\), so it would never validate",
+        match=r"trains 12 steps over epochs of 6 batches, and with "
+        r"trainer.check_val_every_n_epoch=3 .* would never validate",
     ):
         train(cfg)
-    assert not (run_folder(tmp_path / "runs", "never") / "checkpoints").exists()
+    assert not run_folder(tmp_path / "runs", "never").exists()
+
+
+def test_a_validation_interval_inside_epochs_that_never_validate_is_refused_before_training(
+    world, tmp_path
+):
+    """val_check_interval counts batches inside the epochs check_val_every_n_epoch lets validate:
+    every 4 batches of every 3rd epoch never comes in a 2-epoch run."""
+    cfg = compose(
+        overrides(
+            world,
+            tmp_path / "runs",
+            "never",
+            *SELECT,
+            "trainer.check_val_every_n_epoch=3",
+            "trainer.val_check_interval=4",
+        )
+    )
+    with pytest.raises(ConfigError, match="would never validate"):
+        train(cfg)
+    assert not run_folder(tmp_path / "runs", "never").exists()
+
+
+def test_select_on_a_language_the_val_split_lacks_is_refused(tmp_path):
+    cfg = compose(
+        ["evaluation.select_on=ja/mR", "trainer.max_steps=12", "trainer.check_val_every_n_epoch=1"]
+    )
+    loader = torch.utils.data.DataLoader(torch.arange(6), batch_size=1)
+    check_selection(cfg, loader, 12, ["en", "ja"])  # validates at steps 6 and 12, ja present
+    with pytest.raises(
+        ConfigError,
+        match=r"select_on=ja/mR: the val split \(val\) has no 'ja' "
+        r"captions; it has en, de",
+    ):
+        check_selection(cfg, loader, 12, ["en", "de"])
+
+
+@pytest.mark.parametrize(
+    "key, mode",
+    [
+        ("en/mR", "max"),
+        ("mR", "max"),
+        ("en/i2t/R@1", "max"),
+        ("de/t2i/NDCG@10", "max"),
+        ("en/t2i/MRR", "max"),
+        ("en/i2t/MeanR", "min"),
+        ("ja/t2i/MedR", "min"),
+        ("all/MRV", "min"),
+        ("all/MRV_std/i2t", "min"),
+    ],
+)
+def test_selection_keeps_the_best_validation_in_the_keys_direction(key, mode, tmp_path):
+    cfg = compose([f"evaluation.select_on={key}"])
+    assert selection_checkpoint(cfg, tmp_path).mode == mode
+
+
+def test_the_predicted_report_keys_are_the_keys_the_report_has():
+    """report_keys (what select_on is checked against) matches retrieval_report's output."""
+    torch.manual_seed(0)
+    languages = ["en", "de", "ja"]
+    caption_image = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
+    caption_language = [lang for lang in languages for _ in range(3)]
+    report = retrieval_report(
+        torch.randn(3, 4),
+        torch.randn(9, 4),
+        caption_image,
+        caption_language,
+        ["a", "b", "c"],
+        ks=(1, 2),
+        ndcg_k=3,
+        unimodal_ndcg_ks=(2,),
+        image_relevance=torch.eye(3),
+    )
+    assert sorted(
+        report_keys(languages, ks=(1, 2), ndcg_k=3, unimodal_ndcg_ks=(2,), graded=True)
+    ) == sorted(report)
+
+
+class _Steps(L.LightningModule):
+    """A one-weight model that records the global step of every validation."""
+
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.zeros(1))
+        self.validated_at = []
+
+    def training_step(self, batch, batch_idx):
+        return (self.w - batch.float().mean()) ** 2
+
+    def validation_step(self, batch, batch_idx):
+        pass
+
+    def on_validation_start(self):
+        self.validated_at.append(self.trainer.global_step)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.mark.parametrize(
+    "batches, steps, accumulate, every, interval",
+    [
+        (6, 12, 1, 1, None),
+        (6, 12, 1, 5, None),
+        (6, 30, 1, 2, None),
+        (6, 20, 1, 1, 4),
+        (6, 30, 1, 3, 4),
+        (6, 20, 1, None, 4),
+        (6, 20, 1, 1, 0.5),
+        (6, 12, 2, 1, None),
+        (5, 12, 2, 1, 2),
+    ],
+)
+def test_the_validation_schedule_is_lightnings(batches, steps, accumulate, every, interval):
+    """validation_steps, which refuses a selection that would never validate, predicts the steps
+    Lightning validates at."""
+    module = _Steps()
+    data = torch.utils.data.DataLoader(torch.arange(batches), batch_size=1)
+    trainer = L.Trainer(
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        check_val_every_n_epoch=every,
+        val_check_interval=interval,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
+    trainer.fit(module, data, torch.utils.data.DataLoader(torch.arange(2)))
+    assert module.validated_at == validation_steps(
+        batches, steps, accumulate=accumulate, every_n_epochs=every, interval=interval
+    )

@@ -16,6 +16,7 @@ a run; a run builds them when they are missing.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -42,6 +43,11 @@ from .pretrain_text import TextRecipe, pretrain_text
 BACKBONES_VERSION = 1
 TEXT_DIR, IMAGE_FILE, SUMMARY, SEQ2SEQ_DIR = "text", "image/model.pth", "backbones.json", "seq2seq"
 SEQ2SEQ_VERSION = 1
+# torch's intra-op threads while building: a float sum splits over threads, so the weights depend
+# on their count. One thread is what the published rows' backbones were built with (a run's lazy
+# build, after the CPU preset's cpu_threads=1; docs/reproducibility.md), so every build path and
+# machine builds those same weights.
+BUILD_THREADS = 1
 
 
 @dataclass(frozen=True)
@@ -195,21 +201,38 @@ def build_once(target: Path, build: Callable[[Path], dict]) -> Path:
     its summary, which lands in ``SUMMARY`` (with the build's seconds) before the folder is moved
     into place atomically; a folder that already has its summary is a cache hit. The build runs
     on its own seed and leaves the global random state as it found it: a run builds lazily after
-    seeding, and the run that builds must train exactly as every run that hits the cache."""
+    seeding, and the run that builds must train exactly as every run that hits the cache. It
+    builds on ``BUILD_THREADS`` threads whatever the caller's count (``make pretrain`` or a run's
+    preset), so the cache holds the same weights whoever built it."""
     if (target / SUMMARY).exists():
         return target
-    with isolate_rng():
+    with isolate_rng(), threads(BUILD_THREADS):
         started = time.perf_counter()
         staging = target.with_name(f".{target.name}.{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        summary = {**build(staging), "total_seconds": round(time.perf_counter() - started, 1)}
+        summary = {
+            **build(staging),
+            "threads": BUILD_THREADS,
+            "total_seconds": round(time.perf_counter() - started, 1),
+        }
         (staging / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
         try:
             os.replace(staging, target)
         except OSError:  # another process finished the same build first
             shutil.rmtree(staging, ignore_errors=True)
     return target
+
+
+@contextlib.contextmanager
+def threads(count: int) -> Iterator[None]:
+    """torch's intra-op thread count set to ``count`` within, restored after."""
+    previous = torch.get_num_threads()
+    torch.set_num_threads(count)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(previous)
 
 
 def encoder_specs(folder: Path, recipe: BackboneRecipe, image_size: int) -> dict[str, dict]:

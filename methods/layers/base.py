@@ -189,6 +189,11 @@ class RetrievalModule(L.LightningModule):
         return {}
 
     @classmethod
+    def check_config(cls, method, languages: list[str]) -> None:
+        """Raise ``ValueError`` for a setting that cannot run, judged from the method's config
+        and the run's ``data.languages`` alone: called before any data is read. Default: none."""
+
+    @classmethod
     def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
         """Default: one stage, 'main', building ``cls(...)`` and training on the training loader."""
         return [
