@@ -1,7 +1,7 @@
 """``ccrk``: 1-to-K contrastive pre-training for cross-lingual cross-modal retrieval (KDD 2024).
 
 Each image is trained together with its captions in all K languages (spec docs: ``docs/ccrk.md``,
-full spec ``shared/specs/ccrk.md``). Per step, in the paper's order:
+full spec ``docs/specs/ccrk.md``). Per step, in the paper's order:
 
 1. **KCL** (§3.1): the 1-to-K contrastive loss over the (global) batch — image→text with soft target
    1/K over all B·K captions, text→image InfoNCE over the B images.

@@ -1,4 +1,4 @@
-"""``cl2cm``: CL2CM, cross-lingual to cross-modal knowledge transfer (spec shared/specs/cl2cm.md).
+"""``cl2cm``: CL2CM, cross-lingual to cross-modal knowledge transfer (spec docs/specs/cl2cm.md).
 
 Trained on triples (image v_i, English caption s_i, its machine translation t_i). One multilingual
 text encoder G reads both captions; it is both halves of the cross-lingual (CL) network and the

@@ -1,6 +1,6 @@
 """``covlr``: coordinated cross-modal consistency and intra-modal structure by meta-optimisation.
 
-CoVLR (spec ``shared/specs/covlr.md``, notes ``docs/covlr.md``). One training step, on one batch:
+CoVLR (spec ``docs/specs/covlr.md``, notes ``docs/covlr.md``). One training step, on one batch:
 
 1. **Meta-train task** at Θ (§3.1): ℓ_cro = ℓ_itc + ℓ_mlm + ℓ_mpm. ITC is in-batch symmetric
    InfoNCE between the uni-modal global tokens (fixed τ); MLM predicts masked caption tokens from

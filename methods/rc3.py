@@ -1,5 +1,5 @@
 """``rc3``: RC3, regularised cross-lingual visio-textual contrastive pre-training (spec
-shared/specs/rc3.md, docs/rc3.md).
+docs/specs/rc3.md, docs/rc3.md).
 
 A single-stream mBART encoder–decoder (``methods/layers/seq2seq.py``) trained, every step, on the
 sum of four objectives on their own data pools (§3.5):

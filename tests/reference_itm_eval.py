@@ -1,6 +1,6 @@
 """Reference evaluator for golden tests: the argsort-per-row logic of the methods' public code
 (ALBEF ``itm_eval`` and its descendants), re-written from the description in
-shared/reference/peer-code-survey.md §2. Deliberately slow and simple: numpy, one row at a time.
+docs/reference/peer-code-survey.md §2. Deliberately slow and simple: numpy, one row at a time.
 
 Ties: ``np.argsort(kind="stable")`` on the negated row keeps tied candidates in index order, so a
 tied positive is placed before tied negatives of larger index and after those of smaller index.

@@ -1,5 +1,5 @@
 """Golden tests: every Recall@K and rank of the suite equals the argsort-per-row reference evaluator
-(tests/reference_itm_eval.py) and the reference values of shared/reference/metric-baselines.md."""
+(tests/reference_itm_eval.py) and the reference values of docs/reference/metric-baselines.md."""
 
 import numpy as np
 import pytest

@@ -1,4 +1,4 @@
-"""RC3's contrastive losses in raw Euclidean space (spec shared/specs/rc3.md §3.0, §3.3, §3.4).
+"""RC3's contrastive losses in raw Euclidean space (spec docs/specs/rc3.md §3.0, §3.3, §3.4).
 
 No projection, normalisation or temperature: a pair's logit is its negative Euclidean distance.
 Negatives farther than the positive are pulled towards the anchor ("interpolated hard negatives")

@@ -1,4 +1,4 @@
-"""RC3's single-stream encoder–decoder on an mBART backbone (spec shared/specs/rc3.md §2).
+"""RC3's single-stream encoder–decoder on an mBART backbone (spec docs/specs/rc3.md §2).
 
 One ``transformers.MBartModel`` serves every size: the tiny CPU configuration is built from an
 ``MBartConfig``, the paper preset loads a local mBART-50 folder. Visual tokens (raw-pixel patches or
