@@ -48,7 +48,8 @@ def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> 
     module = stage.build(None)
     module.load_state_dict(state)
     _, first = parse_split(cfg.data.splits.get(split), f"data.splits.{split}")
-    name = f"{split}{'' if first is None else f'-first{first}'}-{scorer_label(cfg)}"  # never the full split's folder
+    limits = [n for n in (first, cfg.evaluation.max_images) if n is not None]  # both cut as [:N] does
+    name = f"{split}{f'-first{min(limits)}' if limits else ''}-{scorer_label(cfg)}"  # never the full split's folder
     trainer = build_trainer(cfg, run_dir, run_dir / "eval" / name)
     loaders = StageData(data, stage)
     if split == "test":
