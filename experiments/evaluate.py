@@ -4,7 +4,7 @@
 
 Overrides change evaluation settings (re-ranking depth, split, data root); the result goes to
 ``<run>/eval/<split>[-first<N>]-<scorer>/metrics.json`` (``-first<N>`` for a sliced split,
-``data.splits.test=test[:N]``), so the leaderboard shows it as its own row when its scorer or split
+``data.splits.test=test[:N]``, or an image budget, ``evaluation.max_images=N``: the same images), so the leaderboard shows it as its own row when its scorer or split
 differs, and no evaluation overwrites another's record. The checkpoint is loaded weights-only and checked before any data is read.
 """
 
