@@ -56,6 +56,7 @@ class EvaluationConfig:
     pair_batch_size: int = bounded(512, minimum=1)   # (image, caption) pairs per cross-encoder call
     caption_chunk: int = bounded(256, minimum=1)     # captions prepared at once for cross-encoder scoring
     select_on: Optional[str] = None       # a val report key (en/mR): test the final stage's best step
+    max_images: Optional[int] = bounded(None, minimum=1)  # val/test keep their first N images (budget)
 
 
 @dataclass
