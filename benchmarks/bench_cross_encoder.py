@@ -38,15 +38,25 @@ def caches(module, name: str, images: dict, captions: dict, languages: list[str]
     ids, mask = captions["input_ids"], captions["attention_mask"]
     if name == "rc3":  # captions carry their own language tag (RC3.tagged_captions)
         visual = module.eval_visual(images["images"])
-        tagged = torch.stack([module.tag(ids[i:i + 1], mask[i:i + 1], lang)[0] for i, lang in enumerate(languages)])
-        return {"tokens": visual.tokens, "mask": visual.mask}, {"input_ids": tagged, "attention_mask": mask}
+        tagged = torch.stack(
+            [
+                module.tag(ids[i : i + 1], mask[i : i + 1], lang)[0]
+                for i, lang in enumerate(languages)
+            ]
+        )
+        return {"tokens": visual.tokens, "mask": visual.mask}, {
+            "input_ids": tagged,
+            "attention_mask": mask,
+        }
     return module.image_cache(images["images"]), module.text_cache(ids, mask)
 
 
 def pairs_per_second(name: str, args) -> tuple[float, float, int, dict]:
     cfg = compose([f"method={name}", *args.overrides])
     data = build_datamodule(cfg, roles=("test",))
-    module = methods.get(name)(cfg.method, cfg.optim, data.info, cfg.evaluation).eval().to(args.device)
+    module = (
+        methods.get(name)(cfg.method, cfg.optim, data.info, cfg.evaluation).eval().to(args.device)
+    )
     with torch.no_grad():  # not around building: the world pretrains its backbones on first use
         return timed(module, name, cfg, data, args)
 
@@ -62,8 +72,10 @@ def timed(module, name: str, cfg, data, args) -> tuple[float, float, int, dict]:
     captions = {k: v.to(args.device) if torch.is_tensor(v) else v for k, v in captions.items()}
     image_cache, text_cache = caches(module, name, images, captions, languages)
     scorer = module.cross_encoder(image_cache, text_cache)
-    chunks = {"pair_batch": args.pair_batch or int(cfg.evaluation.pair_batch_size),
-              "caption_chunk": args.caption_chunk or int(cfg.evaluation.caption_chunk)}
+    chunks = {
+        "pair_batch": args.pair_batch or int(cfg.evaluation.pair_batch_size),
+        "caption_chunk": args.caption_chunk or int(cfg.evaluation.caption_chunk),
+    }
     n_images, n_captions = len(images["index"]), len(captions["index"])
     score_matrix(scorer, n_images, n_captions, **chunks)  # warm-up
     if args.device.startswith("cuda"):
@@ -73,7 +85,10 @@ def timed(module, name: str, cfg, data, args) -> tuple[float, float, int, dict]:
     if args.device.startswith("cuda"):
         torch.cuda.synchronize()
     pairs = n_images * n_captions
-    rate, cpu_rate = pairs / (time.perf_counter() - start), pairs / (time.process_time() - cpu_start)
+    rate, cpu_rate = (
+        pairs / (time.perf_counter() - start),
+        pairs / (time.process_time() - cpu_start),
+    )
     return rate, cpu_rate, len(view.image_ids) * len(view.caption_image), chunks
 
 
@@ -82,19 +97,37 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--images", type=int, default=32)
     parser.add_argument("--captions", type=int, default=96)
-    parser.add_argument("--pair-batch", type=int, default=None, help="default: the preset's evaluation.pair_batch_size")
-    parser.add_argument("--caption-chunk", type=int, default=None, help="default: the preset's evaluation.caption_chunk")
-    parser.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
+    parser.add_argument(
+        "--pair-batch",
+        type=int,
+        default=None,
+        help="default: the preset's evaluation.pair_batch_size",
+    )
+    parser.add_argument(
+        "--caption-chunk",
+        type=int,
+        default=None,
+        help="default: the preset's evaluation.caption_chunk",
+    )
+    parser.add_argument(
+        "--threads", type=int, default=None, help="torch intra-op threads (default: torch's)"
+    )
     parser.add_argument("--methods", nargs="+", default=["rc3", "ccrk"])
     args, args.overrides = parser.parse_known_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"cpu, {torch.get_num_threads()} threads"
+    device = (
+        torch.cuda.get_device_name()
+        if args.device.startswith("cuda")
+        else f"cpu, {torch.get_num_threads()} threads"
+    )
     for name in args.methods:
         rate, cpu_rate, split_pairs, chunks = pairs_per_second(name, args)
-        print(f"{name}: {rate:,.0f} pairs/s on {device} ({cpu_rate:,.0f} per CPU-second) ({args.images} images x {args.captions} captions, "
-              f"pair_batch {chunks['pair_batch']}, caption_chunk {chunks['caption_chunk']}); this world's "
-              f"test split, {split_pairs:,} pairs: ~{split_pairs / rate / 60:,.1f} min")
+        print(
+            f"{name}: {rate:,.0f} pairs/s on {device} ({cpu_rate:,.0f} per CPU-second) ({args.images} images x {args.captions} captions, "
+            f"pair_batch {chunks['pair_batch']}, caption_chunk {chunks['caption_chunk']}); this world's "
+            f"test split, {split_pairs:,} pairs: ~{split_pairs / rate / 60:,.1f} min"
+        )
 
 
 if __name__ == "__main__":

@@ -50,7 +50,7 @@ from paper_models import PAPER_PRESET, paper_method
 PEAK_TFLOPS = (
     ("H100 PCIe", 756.0),
     ("H100 NVL", 835.0),
-    ("H100", 989.4),   # SXM ("NVIDIA H100 80GB HBM3")
+    ("H100", 989.4),  # SXM ("NVIDIA H100 80GB HBM3")
     ("H200", 989.4),
     ("A100", 312.0),
     ("L40S", 362.0),
@@ -85,7 +85,11 @@ def autocast(device: torch.device, precision: str):
     """The autocast context Lightning uses for ``precision``."""
     if precision not in PRECISIONS:
         raise ValueError(f"trainer.precision={precision}: bench_gpu measures {list(PRECISIONS)}")
-    return torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-mixed" else nullcontext()
+    return (
+        torch.autocast(device.type, dtype=torch.bfloat16)
+        if precision == "bf16-mixed"
+        else nullcontext()
+    )
 
 
 def synchronize(device: torch.device) -> None:
@@ -94,7 +98,9 @@ def synchronize(device: torch.device) -> None:
 
 
 def on_device(batch: dict, device: torch.device) -> dict:
-    return {k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()}
+    return {
+        k: v.to(device, non_blocking=True) if torch.is_tensor(v) else v for k, v in batch.items()
+    }
 
 
 class Repeat:
@@ -139,8 +145,9 @@ def step_flops(module, batch: dict, device: torch.device, precision: str) -> int
     return flops
 
 
-def bare_seconds(module, cfg, batches: Sequence[dict], steps: int, warmup: int,
-                 device: torch.device) -> float:
+def bare_seconds(
+    module, cfg, batches: Sequence[dict], steps: int, warmup: int, device: torch.device
+) -> float:
     """Seconds of ``steps`` plain PyTorch training steps after ``warmup`` untimed ones."""
     from torch.optim import AdamW
     from torch.optim.lr_scheduler import LambdaLR
@@ -148,10 +155,18 @@ def bare_seconds(module, cfg, batches: Sequence[dict], steps: int, warmup: int,
     from methods.layers.optim import SCHEDULES, param_groups, warmup_step_count
 
     o, total = cfg.optim, warmup + steps
-    optimizer = AdamW(param_groups(module, o.weight_decay, o.lr, module.lr_scales()), lr=o.lr,
-                      betas=tuple(o.betas), eps=o.eps)
-    schedule = partial(SCHEDULES[o.schedule], total_steps=total, min_lr_ratio=o.min_lr_ratio,
-                       warmup_steps=warmup_step_count(total, o.warmup_steps, o.warmup_ratio))
+    optimizer = AdamW(
+        param_groups(module, o.weight_decay, o.lr, module.lr_scales()),
+        lr=o.lr,
+        betas=tuple(o.betas),
+        eps=o.eps,
+    )
+    schedule = partial(
+        SCHEDULES[o.schedule],
+        total_steps=total,
+        min_lr_ratio=o.min_lr_ratio,
+        warmup_steps=warmup_step_count(total, o.warmup_steps, o.warmup_ratio),
+    )
     scheduler = LambdaLR(optimizer, schedule)
     module.train()
     start = 0.0
@@ -172,8 +187,9 @@ def bare_seconds(module, cfg, batches: Sequence[dict], steps: int, warmup: int,
     return time.perf_counter() - start
 
 
-def lightning_seconds(module, cfg, loader: Iterable, steps: int, warmup: int,
-                      device: torch.device) -> float:
+def lightning_seconds(
+    module, cfg, loader: Iterable, steps: int, warmup: int, device: torch.device
+) -> float:
     """Seconds of ``steps`` steps of the suite's Trainer after ``warmup`` untimed ones."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
@@ -196,7 +212,9 @@ def lightning_seconds(module, cfg, loader: Iterable, steps: int, warmup: int,
     timer = Timer()
     callbacks = [Throughput(), TrainingPosition(), StopOnNonFiniteLoss("bench"), timer]  # a run's
     with tempfile.TemporaryDirectory() as tmp:
-        trainer = build_trainer(cfg, Path(tmp), Path(tmp) / "checkpoints", warmup + steps, callbacks)
+        trainer = build_trainer(
+            cfg, Path(tmp), Path(tmp) / "checkpoints", warmup + steps, callbacks
+        )
         for callback in trainer.callbacks:  # no multi-GB last.ckpt at the end of a benchmark
             if isinstance(callback, ModelCheckpoint):
                 callback.save_last = False
@@ -216,7 +234,9 @@ def as_jpeg_photos(image_dir: Path, size: str) -> None:
     if marker.exists():
         return
     width, height = (int(side) for side in size.split("x"))
-    for path in sorted(p for p in image_dir.iterdir() if p.is_file() and not p.name.startswith(".")):
+    for path in sorted(
+        p for p in image_dir.iterdir() if p.is_file() and not p.name.startswith(".")
+    ):
         with Image.open(path) as image:
             photo = image.convert("RGB").resize((width, height), Image.Resampling.BICUBIC)
         photo.save(path, "JPEG", quality=90)
@@ -228,15 +248,29 @@ def run_config(method: str, args, work: Path):
     benchmark's sizes, then the command line's ``key=value`` overrides."""
     from experiments.config import compose
 
-    sizes = [f"data.image_size={args.image_size}", f"data.max_length={args.max_length}",
-             f"data.batch_size={args.batch}", f"data.synthetic.num_train={args.num_train}",
-             f"data.synthetic.render_size={args.render_size or args.image_size}"]
-    return compose([f"method={PAPER_PRESET[method]}", "data=synthetic", f"trainer={args.trainer}",
-                    f"data.root={work / 'world'}", "data.backbones=null",
-                    "data.synthetic.num_val=8", "data.synthetic.num_test=8",
-                    "data.synthetic.num_pretrain=8", *sizes,
-                    "trainer.checkpoint_every_n_steps=1000000", "trainer.log_every_n_steps=50",
-                    *args.overrides])
+    sizes = [
+        f"data.image_size={args.image_size}",
+        f"data.max_length={args.max_length}",
+        f"data.batch_size={args.batch}",
+        f"data.synthetic.num_train={args.num_train}",
+        f"data.synthetic.render_size={args.render_size or args.image_size}",
+    ]
+    return compose(
+        [
+            f"method={PAPER_PRESET[method]}",
+            "data=synthetic",
+            f"trainer={args.trainer}",
+            f"data.root={work / 'world'}",
+            "data.backbones=null",
+            "data.synthetic.num_val=8",
+            "data.synthetic.num_test=8",
+            "data.synthetic.num_pretrain=8",
+            *sizes,
+            "trainer.checkpoint_every_n_steps=1000000",
+            "trainer.log_every_n_steps=50",
+            *args.overrides,
+        ]
+    )
 
 
 def measure(method: str, args, work: Path, device: torch.device) -> dict:
@@ -273,17 +307,24 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
             break
     del loader
     precision = cfg.trainer.precision
-    row = {"method": method, "params_M": sum(p.numel() for p in module.parameters()) / 1e6,
-           "batch": cfg.data.batch_size, "precision": precision,
-           "num_workers": data.loader["num_workers"], "image_cache": bool(cfg.data.image_cache)}
+    row = {
+        "method": method,
+        "params_M": sum(p.numel() for p in module.parameters()) / 1e6,
+        "batch": cfg.data.batch_size,
+        "precision": precision,
+        "num_workers": data.loader["num_workers"],
+        "image_cache": bool(cfg.data.image_cache),
+    }
     flops = step_flops(module, batches[0], device, precision)
     row["gflops_per_sample"] = flops / cfg.data.batch_size / 1e9
     loops = {
         "bare": lambda: bare_seconds(module, cfg, batches, args.steps, args.warmup, device),
         "lightning": lambda: lightning_seconds(
-            module, cfg, Repeat(batches, args.warmup + args.steps), args.steps, args.warmup, device),
+            module, cfg, Repeat(batches, args.warmup + args.steps), args.steps, args.warmup, device
+        ),
         "loader": lambda: lightning_seconds(
-            module, cfg, stage.dataloader(data), args.steps, args.warmup, device),
+            module, cfg, stage.dataloader(data), args.steps, args.warmup, device
+        ),
     }
     for name, seconds_of in loops.items():
         if device.type == "cuda":
@@ -292,43 +333,59 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
         row[name] = loop_row(seconds / args.steps, cfg.data.batch_size, flops, args.peak)
         if device.type == "cuda":
             row[name]["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
-        print(f"[bench_gpu] {method} {name}: {row[name]['s_per_step']:.4f} s/step, "
-              f"{row[name]['samples_per_s']:.1f} samples/s", flush=True)
+        print(
+            f"[bench_gpu] {method} {name}: {row[name]['s_per_step']:.4f} s/step, "
+            f"{row[name]['samples_per_s']:.1f} samples/s",
+            flush=True,
+        )
     row["loader/bare"] = row["loader"]["samples_per_s"] / row["bare"]["samples_per_s"]
     row["lightning/bare"] = row["lightning"]["samples_per_s"] / row["bare"]["samples_per_s"]
     row["loader/lightning"] = row["loader"]["samples_per_s"] / row["lightning"]["samples_per_s"]
     return row
 
 
-def loop_row(seconds_per_step: float, batch_size: int, flops_per_step: int,
-             peak: float | None) -> dict:
+def loop_row(
+    seconds_per_step: float, batch_size: int, flops_per_step: int, peak: float | None
+) -> dict:
     rate = batch_size / seconds_per_step
-    return {"s_per_step": seconds_per_step, "samples_per_s": rate,
-            "mfu": None if peak is None else mfu(flops_per_step, seconds_per_step, peak)}
+    return {
+        "s_per_step": seconds_per_step,
+        "samples_per_s": rate,
+        "mfu": None if peak is None else mfu(flops_per_step, seconds_per_step, peak),
+    }
 
 
 def table(rows: list[dict], device_name: str, peak: float | None, args) -> str:
     """The results as a Markdown table."""
-    title = (f"bench_gpu on {device_name}, peak {peak if peak is not None else '?'} TFLOP/s, "
-             f"{args.image_size} px, max_length {args.max_length}, {args.steps} timed steps after "
-             f"{args.warmup}{' (tiny sizes)' if args.tiny else ''}"
-             f"{f', images as {args.jpeg} JPEG' if args.jpeg else ''}")
-    lines = [title, "",
-             "| method | params M | GFLOP/sample | loop | s/step | samples/s | peak GiB | MFU |",
-             "|---|---|---|---|---|---|---|---|"]
+    title = (
+        f"bench_gpu on {device_name}, peak {peak if peak is not None else '?'} TFLOP/s, "
+        f"{args.image_size} px, max_length {args.max_length}, {args.steps} timed steps after "
+        f"{args.warmup}{' (tiny sizes)' if args.tiny else ''}"
+        f"{f', images as {args.jpeg} JPEG' if args.jpeg else ''}"
+    )
+    lines = [
+        title,
+        "",
+        "| method | params M | GFLOP/sample | loop | s/step | samples/s | peak GiB | MFU |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
     for r in rows:
         for loop in LOOPS:
             t = r[loop]
             peak_gib = f"{t['peak_gib']:.1f}" if "peak_gib" in t else "-"
             utilisation = "-" if t["mfu"] is None else f"{100 * t['mfu']:.1f} %"
-            lines.append(f"| {r['method']} | {r['params_M']:.1f} | {r['gflops_per_sample']:.2f} | {loop} "
-                         f"| {t['s_per_step']:.4f} | {t['samples_per_s']:.1f} | {peak_gib} | {utilisation} |")
+            lines.append(
+                f"| {r['method']} | {r['params_M']:.1f} | {r['gflops_per_sample']:.2f} | {loop} "
+                f"| {t['s_per_step']:.4f} | {t['samples_per_s']:.1f} | {peak_gib} | {utilisation} |"
+            )
     lines.append("")
     for r in rows:
-        lines.append(f"- {r['method']}: loader/bare {r['loader/bare']:.2f}, lightning/bare "
-                     f"{r['lightning/bare']:.2f}, loader/lightning {r['loader/lightning']:.2f} "
-                     f"({r['num_workers']} loader workers{', image cache' if r['image_cache'] else ''}, "
-                     f"batch {r['batch']}, {r['precision']})")
+        lines.append(
+            f"- {r['method']}: loader/bare {r['loader/bare']:.2f}, lightning/bare "
+            f"{r['lightning/bare']:.2f}, loader/lightning {r['loader/lightning']:.2f} "
+            f"({r['num_workers']} loader workers{', image cache' if r['image_cache'] else ''}, "
+            f"batch {r['batch']}, {r['precision']})"
+        )
     return "\n".join(lines)
 
 
@@ -338,25 +395,62 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--methods", default=",".join(PAPER_PRESET))
     parser.add_argument("--tiny", action="store_true", help="tiny models and sizes (CPU, its test)")
     parser.add_argument("--device", default="cuda" if cuda else "cpu")
-    parser.add_argument("--trainer", default=None, help="trainer preset (default: gpu on cuda, else cpu)")
+    parser.add_argument(
+        "--trainer", default=None, help="trainer preset (default: gpu on cuda, else cpu)"
+    )
     parser.add_argument("--batch", type=int, default=None, help="default: 128 (tiny: 4)")
-    parser.add_argument("--steps", type=int, default=None, help="timed steps (default: 30; tiny: 2)")
-    parser.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: 5; tiny: 1)")
+    parser.add_argument(
+        "--steps", type=int, default=None, help="timed steps (default: 30; tiny: 2)"
+    )
+    parser.add_argument(
+        "--warmup", type=int, default=None, help="untimed steps first (default: 5; tiny: 1)"
+    )
     parser.add_argument("--image-size", type=int, default=None, help="default: 224 (tiny: 32)")
-    parser.add_argument("--render-size", type=int, default=None, help="world's rendered side (default: image size)")
-    parser.add_argument("--jpeg", default=None, metavar="WxH",
-                        help="re-encode the world's images as JPEG photos of this size, e.g. 500x375")
-    parser.add_argument("--max-length", type=int, default=None, help="caption tokens (default: 40; tiny: 16)")
-    parser.add_argument("--num-train", type=int, default=None, help="world's train images (default: 4096; tiny: 16)")
+    parser.add_argument(
+        "--render-size", type=int, default=None, help="world's rendered side (default: image size)"
+    )
+    parser.add_argument(
+        "--jpeg",
+        default=None,
+        metavar="WxH",
+        help="re-encode the world's images as JPEG photos of this size, e.g. 500x375",
+    )
+    parser.add_argument(
+        "--max-length", type=int, default=None, help="caption tokens (default: 40; tiny: 16)"
+    )
+    parser.add_argument(
+        "--num-train", type=int, default=None, help="world's train images (default: 4096; tiny: 16)"
+    )
     parser.add_argument("--cached-batches", type=int, default=4, help="distinct pre-loaded batches")
-    parser.add_argument("--peak-tflops", dest="peak", type=float, default=None,
-                        help="the device's peak TFLOP/s (default: PEAK_TFLOPS by device name)")
-    parser.add_argument("--work", default=None, help="where the world is built (default: a temporary folder)")
+    parser.add_argument(
+        "--peak-tflops",
+        dest="peak",
+        type=float,
+        default=None,
+        help="the device's peak TFLOP/s (default: PEAK_TFLOPS by device name)",
+    )
+    parser.add_argument(
+        "--work", default=None, help="where the world is built (default: a temporary folder)"
+    )
     parser.add_argument("--json", default=None, help="also write the results here")
     parser.add_argument("overrides", nargs="*", help="run config key=value overrides")
     args = parser.parse_args(argv)
-    small = {"batch": 4, "steps": 2, "warmup": 1, "image_size": 32, "num_train": 16, "max_length": 16}
-    full = {"batch": 128, "steps": 30, "warmup": 5, "image_size": 224, "num_train": 4096, "max_length": 40}
+    small = {
+        "batch": 4,
+        "steps": 2,
+        "warmup": 1,
+        "image_size": 32,
+        "num_train": 16,
+        "max_length": 16,
+    }
+    full = {
+        "batch": 128,
+        "steps": 30,
+        "warmup": 5,
+        "image_size": 224,
+        "num_train": 4096,
+        "max_length": 40,
+    }
     for key, value in (small if args.tiny else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -383,8 +477,9 @@ def main(argv: Sequence[str] | None = None) -> list[dict]:
     report = table(rows, device_name, args.peak, args)
     print(report, flush=True)
     if args.json:
-        Path(args.json).write_text(json.dumps({"device": device_name, "peak_tflops": args.peak,
-                                               "rows": rows}, indent=1))
+        Path(args.json).write_text(
+            json.dumps({"device": device_name, "peak_tflops": args.peak, "rows": rows}, indent=1)
+        )
     return rows
 
 

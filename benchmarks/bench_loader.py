@@ -39,7 +39,9 @@ MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.2757
 def photo_like(width: int, height: int, rng: np.random.Generator) -> Image.Image:
     """Smooth colour fields plus sensor-like noise: JPEG sizes near real photos' (not pure noise)."""
     coarse = rng.integers(0, 256, (6, 8, 3), dtype=np.uint8)
-    image = np.asarray(Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC), np.int16)
+    image = np.asarray(
+        Image.fromarray(coarse).resize((width, height), Image.Resampling.BICUBIC), np.int16
+    )
     noise = rng.normal(0, 12, image.shape).astype(np.int16)
     return Image.fromarray(np.clip(image + noise, 0, 255).astype(np.uint8))
 
@@ -73,8 +75,11 @@ def loader_rate(loader, batches: int) -> float:
 
 
 def report(name: str, per_worker: float, target: float) -> None:
-    print(f"{name:34s} {per_worker:9.1f} items/s per worker  -> {math.ceil(target / per_worker):3d} workers "
-          f"for {target:.0f} samples/s", flush=True)
+    print(
+        f"{name:34s} {per_worker:9.1f} items/s per worker  -> {math.ceil(target / per_worker):3d} workers "
+        f"for {target:.0f} samples/s",
+        flush=True,
+    )
 
 
 def main() -> None:
@@ -96,19 +101,33 @@ def main() -> None:
         (tmp / "jpeg").mkdir()
         paths = write_jpegs(tmp / "jpeg", args.images, width, height)
         kib = sum(p.stat().st_size for p in paths) / len(paths) / 1024
-        report(f"jpeg {width}x{height} ({kib:.0f} KiB) direct", rate(transform, paths, args.repeats), args.target)
+        report(
+            f"jpeg {width}x{height} ({kib:.0f} KiB) direct",
+            rate(transform, paths, args.repeats),
+            args.target,
+        )
         cached = cached_images(paths, transform, tmp / "cache")
         report(f"jpeg {width}x{height} cached", rate(cached, paths, args.repeats), args.target)
         for image_cache in (False, True):
             from experiments.config import compose
             from experiments.train import build_datamodule
 
-            cfg = compose(["method=clip", f"data.root={tmp / 'world'}", "data.backbones=null",
-                           f"data.image_size={args.image_size}", f"data.batch_size={args.batch}",
-                           f"data.synthetic.render_size={args.image_size}", "data.num_workers=0",
-                           f"data.synthetic.num_train={args.batch * (args.batches + 2)}",
-                           "data.synthetic.num_val=8", "data.synthetic.num_test=8", "data.max_length=40",
-                           f"data.image_cache={str(image_cache).lower()}"])
+            cfg = compose(
+                [
+                    "method=clip",
+                    f"data.root={tmp / 'world'}",
+                    "data.backbones=null",
+                    f"data.image_size={args.image_size}",
+                    f"data.batch_size={args.batch}",
+                    f"data.synthetic.render_size={args.image_size}",
+                    "data.num_workers=0",
+                    f"data.synthetic.num_train={args.batch * (args.batches + 2)}",
+                    "data.synthetic.num_val=8",
+                    "data.synthetic.num_test=8",
+                    "data.max_length=40",
+                    f"data.image_cache={str(image_cache).lower()}",
+                ]
+            )
             data = build_datamodule(cfg, roles=("train",))
             name = f"train loader, world png{' cached' if image_cache else ''}"
             report(name, loader_rate(data.train_dataloader(), args.batches), args.target)

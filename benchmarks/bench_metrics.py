@@ -47,7 +47,7 @@ DEFAULT_SIZES = ["multi30k", "coco5k", "xflickrco", "world"]
 STRESS_SIZES = ["stress20k", "stress100k"]
 METHODS = ["report", "matmul", "argsort", "torchmetrics"]
 DIM = 256
-FULL_MATRIX_LIMIT = 4 * 2**30        # bytes of one score matrix that a peer may materialise
+FULL_MATRIX_LIMIT = 4 * 2**30  # bytes of one score matrix that a peer may materialise
 TORCHMETRICS_SCORE_LIMIT = 4 * 10**6  # scores per torchmetrics run; larger sizes use a query subset
 
 
@@ -66,8 +66,12 @@ def make_embeddings(size: Size, seed: int = 1234):
         caption_image.append(owner)
         caption_language += [f"l{lang}"] * len(owner)
     normalize = torch.nn.functional.normalize
-    return (normalize(image, dim=1), normalize(torch.cat(texts), dim=1), torch.cat(caption_image),
-            caption_language)
+    return (
+        normalize(image, dim=1),
+        normalize(torch.cat(texts), dim=1),
+        torch.cat(caption_image),
+        caption_language,
+    )
 
 
 def skip_reason(method: str, size: Size) -> str | None:
@@ -106,9 +110,14 @@ def graded_relevance(num_images: int):
 def run_report(image, text, caption_image, caption_language, graded=False):
     from metrics import retrieval_report
 
-    report = retrieval_report(image, text, caption_image, caption_language,
-                              [str(i) for i in range(len(image))],
-                              image_relevance=graded_relevance(len(image)) if graded else None)
+    report = retrieval_report(
+        image,
+        text,
+        caption_image,
+        caption_language,
+        [str(i) for i in range(len(image))],
+        image_relevance=graded_relevance(len(image)) if graded else None,
+    )
     return {key: value for key, value in report.items() if "/R@" in key}
 
 
@@ -145,7 +154,11 @@ def run_argsort(image, text, caption_image, caption_language):
     import numpy as np
 
     values = {}
-    for lang, (texts, owners) in zip(dict.fromkeys(caption_language), language_views(image, text, caption_image, caption_language), strict=True):
+    for lang, (texts, owners) in zip(
+        dict.fromkeys(caption_language),
+        language_views(image, text, caption_image, caption_language),
+        strict=True,
+    ):
         scores = (image @ texts.T).numpy()
         owner = owners.numpy()
         captions_of = [[] for _ in range(len(image))]
@@ -167,10 +180,17 @@ def run_torchmetrics(image, text, caption_image, caption_language, fraction: flo
     from torchmetrics.retrieval import RetrievalHitRate, RetrievalNormalizedDCG
 
     values = {}
-    for lang, (texts, owners) in zip(dict.fromkeys(caption_language), language_views(image, text, caption_image, caption_language), strict=True):
+    for lang, (texts, owners) in zip(
+        dict.fromkeys(caption_language),
+        language_views(image, text, caption_image, caption_language),
+        strict=True,
+    ):
         scores = image @ texts.T
         i2t_target = owners[None, :] == torch.arange(len(image))[:, None]
-        for direction, matrix, target in (("i2t", scores, i2t_target), ("t2i", scores.T, i2t_target.T)):
+        for direction, matrix, target in (
+            ("i2t", scores, i2t_target),
+            ("t2i", scores.T, i2t_target.T),
+        ):
             rows = max(1, int(len(matrix) * fraction))
             matrix, target = matrix[:rows], target[:rows].long()
             indexes = torch.arange(rows)[:, None].expand_as(matrix).flatten()
@@ -202,13 +222,16 @@ def worker(method: str, size_name: str) -> None:
     size = SIZES[size_name]
     fraction = torchmetrics_fraction(size) if method == "torchmetrics" else 1.0
     if method in ("report", "matmul"):
+
         def run(*data):
             return {"report": run_report, "matmul": run_matmul}[method](*data, graded=size.graded)
     elif method == "argsort":
         run = run_argsort
     else:
+
         def run(*data):
             return run_torchmetrics(*data, fraction=fraction)
+
     run(*make_embeddings(Size(50, size.captions_per_image, size.languages), seed=0))
     data = make_embeddings(size)
     Path("/proc/self/clear_refs").write_text("5")
@@ -217,13 +240,25 @@ def worker(method: str, size_name: str) -> None:
     values = run(*data)
     seconds = time.perf_counter() - start
     extra_mib = (read_status("VmHWM") - base) / 1024
-    print(json.dumps({"seconds": seconds / fraction, "extra_mib": extra_mib, "fraction": fraction,
-                      "values": values}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds / fraction,
+                "extra_mib": extra_mib,
+                "fraction": fraction,
+                "values": values,
+            }
+        )
+    )
 
 
 def measure(method: str, size_name: str) -> dict:
-    done = subprocess.run([sys.executable, __file__, "--worker", method, size_name],
-                          capture_output=True, text=True, check=False)
+    done = subprocess.run(
+        [sys.executable, __file__, "--worker", method, size_name],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
     if done.returncode != 0:
         raise RuntimeError(f"{method} at {size_name} failed:\n{done.stderr[-2000:]}")
     return json.loads(done.stdout.strip().splitlines()[-1])
@@ -245,7 +280,7 @@ def benchmark(size_name: str, repeats: int, wanted: list[str]) -> None:
         if method not in methods:
             print(f"  {size_name}: {method} skipped: {skip_reason(method, size)}", flush=True)
     for round_index in range(repeats):
-        rotated = methods[round_index % len(methods):] + methods[: round_index % len(methods)]
+        rotated = methods[round_index % len(methods) :] + methods[: round_index % len(methods)]
         for method in rotated:
             if method == "torchmetrics" and round_index > 0:
                 continue  # minutes per run: measured once
@@ -260,20 +295,29 @@ def benchmark(size_name: str, repeats: int, wanted: list[str]) -> None:
             note = compare_values(report_values, results[0]["values"])
         else:
             note = f"time x{1 / fraction:.1f} from {fraction:.0%} of the queries"
-        print(f"| {size_name} | {method} | {median[method]:.3f} | "
-              f"{max(r['extra_mib'] for r in results):.0f} | "
-              f"{median[method] / median['report']:.2f} | "
-              f"{median[method] / median['matmul']:.2f} | {len(results)} | {note} |", flush=True)
+        print(
+            f"| {size_name} | {method} | {median[method]:.3f} | "
+            f"{max(r['extra_mib'] for r in results):.0f} | "
+            f"{median[method] / median['report']:.2f} | "
+            f"{median[method] / median['matmul']:.2f} | {len(results)} | {note} |",
+            flush=True,
+        )
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--sizes", default=",".join(DEFAULT_SIZES),
-                        help=f"comma-separated, from {', '.join(SIZES)}")
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument(
+        "--sizes", default=",".join(DEFAULT_SIZES), help=f"comma-separated, from {', '.join(SIZES)}"
+    )
     parser.add_argument("--stress", action="store_true", help="add " + " and ".join(STRESS_SIZES))
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--methods", default=",".join(METHODS),
-                        help="comma-separated subset of " + ", ".join(METHODS) + " (report and matmul always run)")
+    parser.add_argument(
+        "--methods",
+        default=",".join(METHODS),
+        help="comma-separated subset of " + ", ".join(METHODS) + " (report and matmul always run)",
+    )
     parser.add_argument("--worker", nargs=2, metavar=("METHOD", "SIZE"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:

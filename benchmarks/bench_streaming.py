@@ -40,17 +40,26 @@ def first_batch_and_rate(overrides: list[str], batches: int) -> dict:
     for _ in range(batches):
         samples += len(next(iterator)["ids"])
     rate = samples / (time.perf_counter() - start)
-    return {"setup_s": round(setup, 2), "time_to_first_batch_s": round(to_first, 2),
-            "samples_per_s_one_worker": round(rate, 1),
-            "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)}
+    return {
+        "setup_s": round(setup, 2),
+        "time_to_first_batch_s": round(to_first, 2),
+        "samples_per_s_one_worker": round(rate, 1),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+    }
 
 
 def measure_in_subprocess(overrides: list[str], batches: int) -> dict:
     """``first_batch_and_rate`` in a fresh interpreter (its own peak RSS)."""
-    code = ("import json, sys; from benchmarks.bench_streaming import first_batch_and_rate; "
-            "print(json.dumps(first_batch_and_rate(sys.argv[2:], int(sys.argv[1]))))")
-    done = subprocess.run([sys.executable, "-c", code, str(batches), *overrides], capture_output=True,
-                          text=True, check=True)
+    code = (
+        "import json, sys; from benchmarks.bench_streaming import first_batch_and_rate; "
+        "print(json.dumps(first_batch_and_rate(sys.argv[2:], int(sys.argv[1]))))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(batches), *overrides],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -67,11 +76,20 @@ def main() -> None:
         start = time.perf_counter()
         shards.main(["write", str(args.out), "--shard-size", str(args.shard_size), *map_style])
         print(f"wrote shards in {time.perf_counter() - start:.0f} s", flush=True)
-    streamed = ["data=shards", f"data.root={args.out}", f"data.cache_dir={args.out / 'cache'}",
-                "data.image_size=32", "data.max_length=48", "data.tokenizer.vocab_size=2000", *common]
+    streamed = [
+        "data=shards",
+        f"data.root={args.out}",
+        f"data.cache_dir={args.out / 'cache'}",
+        "data.image_size=32",
+        "data.max_length=48",
+        "data.tokenizer.vocab_size=2000",
+        *common,
+    ]
     measure_in_subprocess(streamed, 1)  # one-time work (tokenizer, evaluation images extracted)
-    result = {"map_style": measure_in_subprocess(map_style, args.batches),
-              "streamed": measure_in_subprocess(streamed, args.batches)}
+    result = {
+        "map_style": measure_in_subprocess(map_style, args.batches),
+        "streamed": measure_in_subprocess(streamed, args.batches),
+    }
     index = shards.ShardIndex.load(args.out / "train")
     result["train_samples"], result["shards"] = index.total, len(index.files)
     print(json.dumps(result, indent=1))

@@ -19,8 +19,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
-
 from bench_throughput import StepTimer  # a sibling script: python benchmarks/bench_threads.py
+
 from experiments.config import compose
 from experiments.train import StageData, build_datamodule, stages_of
 from experiments.trainer import TrainingPosition, build_trainer
@@ -49,18 +49,23 @@ def main() -> None:
     args = parser.parse_args()
     rows = []
     for method in args.methods:
-        cfg = compose([f"method={method}", "trainer=cpu", "trainer.progress_refresh_rate=0",
-                       *args.overrides])
+        cfg = compose(
+            [f"method={method}", "trainer=cpu", "trainer.progress_refresh_rate=0", *args.overrides]
+        )
         data = build_datamodule(cfg)
         stages = stages_of(cfg, data)
         times = {}
         for round_ in range(args.rounds):
             for threads in THREADS if round_ % 2 == 0 else THREADS[::-1]:
                 for index, stage in enumerate(stages):
-                    sec = seconds_per_step(cfg, data, stage, index, threads, args.steps, args.warmup)
+                    sec = seconds_per_step(
+                        cfg, data, stage, index, threads, args.steps, args.warmup
+                    )
                     times.setdefault((stage.name, threads), []).append(sec)
-                    print(f"round {round_} {method}/{stage.name} {threads} thread(s): {sec:.3f} s/step",
-                          flush=True)
+                    print(
+                        f"round {round_} {method}/{stage.name} {threads} thread(s): {sec:.3f} s/step",
+                        flush=True,
+                    )
         for stage in stages:
             one, two = (statistics.median(times[(stage.name, t)]) for t in THREADS)
             rows.append((f"{method}/{stage.name}", one, two, one / two))

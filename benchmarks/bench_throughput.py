@@ -61,10 +61,21 @@ def plain_seconds(cfg, data, steps: int, warmup: int) -> float:
     module = build_module(cfg, data)
     module.log = lambda *args, **kwargs: None  # the plain loop has no logger
     optim = cfg.optim
-    optimizer = AdamW(param_groups(module, optim.weight_decay, optim.lr, module.lr_scales()),
-                      lr=optim.lr, betas=tuple(optim.betas), eps=optim.eps)
-    scheduler = LambdaLR(optimizer, partial(warmup_cosine, warmup_steps=optim.warmup_steps,
-                                            total_steps=warmup + steps, min_lr_ratio=optim.min_lr_ratio))
+    optimizer = AdamW(
+        param_groups(module, optim.weight_decay, optim.lr, module.lr_scales()),
+        lr=optim.lr,
+        betas=tuple(optim.betas),
+        eps=optim.eps,
+    )
+    scheduler = LambdaLR(
+        optimizer,
+        partial(
+            warmup_cosine,
+            warmup_steps=optim.warmup_steps,
+            total_steps=warmup + steps,
+            min_lr_ratio=optim.min_lr_ratio,
+        ),
+    )
     module.train()
     start = None
     batches = (b for _ in iter(int, 1) for b in data.train_dataloader())  # epochs without end
@@ -99,8 +110,10 @@ def main() -> None:
             print(f"round {round_} {name:9s} {out[-1]:.2f} s", flush=True)
     batch = cfg.data.batch_size
     p, li = statistics.median(plain), statistics.median(light)
-    print(f"\n{args.steps} steps of clip, batch {batch}, {torch.get_num_threads()} threads, "
-          f"median of {args.rounds} rounds")
+    print(
+        f"\n{args.steps} steps of clip, batch {batch}, {torch.get_num_threads()} threads, "
+        f"median of {args.rounds} rounds"
+    )
     print(f"{'loop':10s} {'seconds':>8s} {'steps/s':>8s} {'samples/s':>10s}")
     for name, sec in (("plain", p), ("lightning", li)):
         print(f"{name:10s} {sec:8.2f} {args.steps / sec:8.2f} {args.steps * batch / sec:10.1f}")

@@ -36,10 +36,17 @@ from experiments.train import build_datamodule, stages_of
 from experiments.trainer import configure_threads
 from methods.layers.hard_sampling import matching_loss, sample_hard_examples
 
-POSITIONS = {"on the left": "left", "on the right": "right", "at the top": "top",
-             "at the bottom": "bottom", "in the centre": "centre"}
-MENTION = re.compile(rf"(?:(small|large) )?({'|'.join(COLOURS)}) ({'|'.join(SHAPES)})"
-                     rf"((?: (?:{'|'.join(POSITIONS)}))?)")
+POSITIONS = {
+    "on the left": "left",
+    "on the right": "right",
+    "at the top": "top",
+    "at the bottom": "bottom",
+    "in the centre": "centre",
+}
+MENTION = re.compile(
+    rf"(?:(small|large) )?({'|'.join(COLOURS)}) ({'|'.join(SHAPES)})"
+    rf"((?: (?:{'|'.join(POSITIONS)}))?)"
+)
 BATCH, TOP_K = 64, 16
 
 
@@ -49,8 +56,10 @@ def parse(caption: str) -> tuple[list[tuple], str | None]:
     background = next((b for b in BACKGROUNDS if f"the {b}" in text), None)
     for b in BACKGROUNDS:
         text = text.replace(f"on the {b}", "")
-    mentions = [(colour, shape, size or None, POSITIONS.get(where.strip()))
-                for size, colour, shape, where in MENTION.findall(text)]
+    mentions = [
+        (colour, shape, size or None, POSITIONS.get(where.strip()))
+        for size, colour, shape, where in MENTION.findall(text)
+    ]
     return mentions, background
 
 
@@ -58,31 +67,56 @@ def describes(parsed: tuple[list[tuple], str | None], scene: dict) -> bool:
     """Whether the caption is true of the scene: its objects, and every detail it mentions."""
     mentions, background = parsed
     objects = scene["objects"]
-    if (background is not None and scene["background"] != background) or len(mentions) != len(objects):
+    if (background is not None and scene["background"] != background) or len(mentions) != len(
+        objects
+    ):
         return False
-    return any(all(o["colour"] == c and o["shape"] == s and z in (None, o["size"]) and p in (None, o["position"])
-                   for (c, s, z, p), o in zip(mentions, order, strict=True))
-               for order in itertools.permutations(objects))
+    return any(
+        all(
+            o["colour"] == c
+            and o["shape"] == s
+            and z in (None, o["size"])
+            and p in (None, o["position"])
+            for (c, s, z, p), o in zip(mentions, order, strict=True)
+        )
+        for order in itertools.permutations(objects)
+    )
 
 
 def what_is_wrong(parsed: tuple[list[tuple], str | None], scene: dict) -> str:
     """The first mismatch of a caption with a scene it does not describe."""
     mentions, background = parsed
-    if sorted(m[:2] for m in mentions) != sorted((o["colour"], o["shape"]) for o in scene["objects"]):
+    if sorted(m[:2] for m in mentions) != sorted(
+        (o["colour"], o["shape"]) for o in scene["objects"]
+    ):
         return "object count" if len(mentions) != len(scene["objects"]) else "colour/shape"
     if background is not None and scene["background"] != background:
         return "background"
-    return "position" if describes(([(c, s, z, None) for c, s, z, _ in mentions], None), scene) else "size"
+    return (
+        "position"
+        if describes(([(c, s, z, None) for c, s, z, _ in mentions], None), scene)
+        else "size"
+    )
 
 
 def training_batches(data, rng: random.Random):
     """Endless batches of BATCH random train records, one shared caption index in every language."""
-    records, languages, transform = data.records("train"), list(data.languages), data.image_transform()
+    records, languages, transform = (
+        data.records("train"),
+        list(data.languages),
+        data.image_transform(),
+    )
     while True:
         rows = rng.sample(range(len(records)), BATCH)
         shared = [rng.randrange(len(records[j].captions["en"])) for j in rows]
-        tokens = data.tokenizer([records[j].captions[lang][s] for j, s in zip(rows, shared, strict=True) for lang in languages],
-                                data.info.max_length)
+        tokens = data.tokenizer(
+            [
+                records[j].captions[lang][s]
+                for j, s in zip(rows, shared, strict=True)
+                for lang in languages
+            ],
+            data.info.max_length,
+        )
         images = torch.stack([transform(data.image_root / records[j].image) for j in rows])
         english = [records[j].captions["en"][s] for j, s in zip(rows, shared, strict=True)]
         yield rows, english, tokens, images
@@ -105,7 +139,9 @@ def train_itm_further(module, data, steps: int, lr: float) -> None:
         with torch.no_grad():
             image_states, text, image_feat, text_feat = encode_batch(module, tokens, images)
             samples = sample_hard_examples(image_feat, text_feat, module.temperature(), "reference")
-        loss = matching_loss(module.fuse, module.itm_head, text.states, text.mask, image_states, samples).loss
+        loss = matching_loss(
+            module.fuse, module.itm_head, text.states, text.mask, image_states, samples
+        ).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -120,17 +156,24 @@ def probe_test(module, data) -> None:
     view, records = data.eval_view("test"), data.records("test")
     scenes = [r.extras["scene"] for r in records]
     images = torch.stack([view.transform(p) for p in view.image_paths])
-    image_states = torch.cat([module.image_cache(images[i:i + 256]) for i in range(0, len(images), 256)])
+    image_states = torch.cat(
+        [module.image_cache(images[i : i + 256]) for i in range(0, len(images), 256)]
+    )
     image_emb = F.normalize(module.vision_proj(image_states[:, 0]), dim=-1)
     queries = [(i, r.captions["en"][0]) for i, r in enumerate(records)]
     tokens = data.tokenizer([c for _, c in queries], data.info.max_length)
-    text_emb = F.normalize(module.encode_texts(tokens["input_ids"], tokens["attention_mask"]), dim=-1)
+    text_emb = F.normalize(
+        module.encode_texts(tokens["input_ids"], tokens["attention_mask"]), dim=-1
+    )
     top = (text_emb @ image_emb.T).topk(TOP_K, dim=1).indices
     hits, wrong, flips, ambiguous = Counter(), {"itc": Counter(), "itm": Counter()}, Counter(), 0
     for q, (gold, caption) in enumerate(queries):
         candidates = top[q]
-        scores = module.match_scores(image_states[candidates], tokens["input_ids"][q].expand(TOP_K, -1),
-                                     tokens["attention_mask"][q].expand(TOP_K, -1))
+        scores = module.match_scores(
+            image_states[candidates],
+            tokens["input_ids"][q].expand(TOP_K, -1),
+            tokens["attention_mask"][q].expand(TOP_K, -1),
+        )
         picks = {"itc": int(candidates[0]), "itm": int(candidates[scores.argmax()])}
         parsed = parse(caption)
         if not describes(parsed, scenes[gold]):
@@ -146,8 +189,12 @@ def probe_test(module, data) -> None:
     n = len(queries)
     print(f"A. test text->image, English, {n} queries, ITM over the ITC top {TOP_K}")
     for kind in ("strict", "semantic"):
-        print(f"   R@1 {kind:8s}: itc {100 * hits[f'itc {kind}'] / n:.1f}   itm@{TOP_K} {100 * hits[f'itm {kind}'] / n:.1f}")
-    print(f"   queries whose top {TOP_K} holds another image the caption truly describes: {100 * ambiguous / n:.1f}%")
+        print(
+            f"   R@1 {kind:8s}: itc {100 * hits[f'itc {kind}'] / n:.1f}   itm@{TOP_K} {100 * hits[f'itm {kind}'] / n:.1f}"
+        )
+    print(
+        f"   queries whose top {TOP_K} holds another image the caption truly describes: {100 * ambiguous / n:.1f}%"
+    )
     print(f"   flips: {dict(flips)}")
     for name in ("itc", "itm"):
         print(f"   {name} top-1 not described, first mismatch: {dict(wrong[name].most_common())}")
@@ -165,14 +212,20 @@ def probe_training_negatives(module, data, batches: int = 30) -> None:
             samples = sample_hard_examples(image_feat, text_feat, module.temperature(), mode)
             for j in range(BATCH):
                 positive = parse(english[int(samples.positive_text[j]) // languages])
-                count["image"] += describes(positive, records[rows[int(samples.negative_image[j])]].extras["scene"])
+                count["image"] += describes(
+                    positive, records[rows[int(samples.negative_image[j])]].extras["scene"]
+                )
                 negative = parse(english[int(samples.negative_text[j]) // languages])
                 count["caption"] += describes(negative, records[rows[j]].extras["scene"])
     total = batches * BATCH
-    print(f"B. MITM negatives in {batches} training batches of {BATCH}, share that the caption truly describes")
+    print(
+        f"B. MITM negatives in {batches} training batches of {BATCH}, share that the caption truly describes"
+    )
     for mode, count in contradicting.items():
-        print(f"   {mode:9s}: negative images {100 * count['image'] / total:.1f}%   "
-              f"negative captions {100 * count['caption'] / total:.1f}%")
+        print(
+            f"   {mode:9s}: negative images {100 * count['image'] / total:.1f}%   "
+            f"negative captions {100 * count['caption'] / total:.1f}%"
+        )
 
 
 def main() -> None:

@@ -46,15 +46,24 @@ def image_features(module, images: torch.Tensor) -> dict[str, torch.Tensor]:
     ids = torch.tensor([[empty.cls_token_id, empty.eos_token_id]]).expand(len(images), -1)
     mask = torch.ones_like(ids)
     vtr = module.net.encode(module.tag(ids, mask, ENGLISH), mask, visual.tokens, visual.mask).pooled
-    return {"only-pass": module.image_only_features(visual), "empty-vtr": vtr,
-            "tokens": visual.tokens.mean(1), "regions": regions.mean(1)}
+    return {
+        "only-pass": module.image_only_features(visual),
+        "empty-vtr": vtr,
+        "tokens": visual.tokens.mean(1),
+        "regions": regions.mean(1),
+    }
 
 
 @torch.no_grad()
 def text_features(module, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
     """TR and the world text encoder's pooled state, side by side ``[N, 2, d]``."""
-    return torch.stack([module.text_representation(input_ids, attention_mask, ENGLISH),
-                        WORLD_TEXT[0](input_ids, attention_mask).pooled], 1)
+    return torch.stack(
+        [
+            module.text_representation(input_ids, attention_mask, ENGLISH),
+            WORLD_TEXT[0](input_ids, attention_mask).pooled,
+        ],
+        1,
+    )
 
 
 WORLD_TEXT: list = []
@@ -73,12 +82,22 @@ def collect_train(module, data, count: int) -> tuple[dict[str, torch.Tensor], to
 def collect_test(module, data) -> tuple[dict[str, torch.Tensor], torch.Tensor, torch.Tensor]:
     view = data.eval_view("test")
     pixels = torch.stack([view.transform(p) for p in view.image_paths])
-    parts = [image_features(module, pixels[i:i + 64]) for i in range(0, len(pixels), 64)]
+    parts = [image_features(module, pixels[i : i + 64]) for i in range(0, len(pixels), 64)]
     english = [i for i, lang in enumerate(view.caption_language) if lang == ENGLISH]
     tokens = data.tokenizer([view.captions[i] for i in english], data.info.max_length)
-    text = torch.cat([text_features(module, tokens["input_ids"][i:i + 256], tokens["attention_mask"][i:i + 256])
-                      for i in range(0, len(english), 256)])
-    return {k: torch.cat([p[k] for p in parts]) for k in parts[0]}, text, view.caption_image[english]
+    text = torch.cat(
+        [
+            text_features(
+                module, tokens["input_ids"][i : i + 256], tokens["attention_mask"][i : i + 256]
+            )
+            for i in range(0, len(english), 256)
+        ]
+    )
+    return (
+        {k: torch.cat([p[k] for p in parts]) for k in parts[0]},
+        text,
+        view.caption_image[english],
+    )
 
 
 def fit_probe(image: torch.Tensor, text: torch.Tensor, dim: int, temperature: float, steps: int):
@@ -98,8 +117,11 @@ def fit_probe(image: torch.Tensor, text: torch.Tensor, dim: int, temperature: fl
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
-    return (lambda x: F.normalize(image_map((x - mean_i) / std_i), dim=-1),
-            lambda x: F.normalize(text_map((x - mean_t) / std_t), dim=-1), float(loss.detach()))
+    return (
+        lambda x: F.normalize(image_map((x - mean_i) / std_i), dim=-1),
+        lambda x: F.normalize(text_map((x - mean_t) / std_t), dim=-1),
+        float(loss.detach()),
+    )
 
 
 def main() -> None:
@@ -119,22 +141,31 @@ def main() -> None:
     settings = module.settings.first_stage
     train_images, train_text = collect_train(module, data, args.train)
     test_images, test_text, gold = collect_test(module, data)
-    print(f"{len(train_text)} English training pairs; test: {len(test_images['tokens'])} images, "
-          f"{len(test_text)} English captions")
+    print(
+        f"{len(train_text)} English training pairs; test: {len(test_images['tokens'])} images, "
+        f"{len(test_text)} English captions"
+    )
     with torch.no_grad():
         own = module.probe_text(test_text[:, 0]) @ module.probe_image(test_images["only-pass"]).T
     results = {"run's own probe (only-pass x tr)": (own, float("nan"))}
     for (t, text_kind), kind in itertools.product(enumerate(("tr", "world-xlmr")), train_images):
-        image_map, text_map, loss = fit_probe(train_images[kind], train_text[:, t], int(settings.dim),
-                                              float(settings.temperature), args.steps)
+        image_map, text_map, loss = fit_probe(
+            train_images[kind],
+            train_text[:, t],
+            int(settings.dim),
+            float(settings.temperature),
+            args.steps,
+        )
         with torch.no_grad():
             scores = text_map(test_text[:, t]) @ image_map(test_images[kind]).T
         results[f"{kind} x {text_kind}"] = (scores, loss)
     print(f"{'first stage':34s} {'fit loss':>8s} {'R@1':>6s} {'R@10':>6s} {'median rank':>11s}")
     for name, (scores, loss) in results.items():
         rank = (scores > scores.gather(1, gold[:, None])).sum(1) + 1
-        print(f"{name:34s} {loss:8.3f} {100 * (rank <= 1).float().mean():6.1f} "
-              f"{100 * (rank <= 10).float().mean():6.1f} {int(rank.median()):11d}")
+        print(
+            f"{name:34s} {loss:8.3f} {100 * (rank <= 1).float().mean():6.1f} "
+            f"{100 * (rank <= 10).float().mean():6.1f} {int(rank.median()):11d}"
+        )
 
 
 if __name__ == "__main__":

@@ -20,8 +20,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import DictConfig, OmegaConf
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
 
-from . import shards, synthetic
-from .synthetic import backbones
+from . import pretrained_io, shards, synthetic
 from .datasets import (
     CaptionCollate,
     CaptionDataset,
@@ -33,12 +32,12 @@ from .datasets import (
     collate_images,
 )
 from .image_cache import CachedImages, cached_images
-from . import pretrained_io
 from .parallel_batches import parallel_batches
 from .readers import captions_parallel, read_dataset
 from .readers.parallel_text import ParallelText, read_parallel_text
 from .records import Record
 from .roi_features import ImageRois, RoiStore
+from .synthetic import backbones
 from .tokenization import OFFLINE, Tokenizer, build_tokenizer
 from .validation import validate
 
@@ -131,8 +130,12 @@ def training_loader(dataset: Dataset, seed: int, **kwargs) -> DataLoader:
     """A loader over ``dataset`` in :class:`EpochSampler` order with seeded items; its own
     generator keeps worker seeding from drawing on the global RNG."""
     items = SeededItems(dataset, seed)
-    return DataLoader(items, sampler=EpochSampler(items, seed),
-                      generator=torch.Generator().manual_seed(seed), **kwargs)
+    return DataLoader(
+        items,
+        sampler=EpochSampler(items, seed),
+        generator=torch.Generator().manual_seed(seed),
+        **kwargs,
+    )
 
 
 @dataclass
@@ -196,8 +199,13 @@ class CCRDataModule(L.LightningDataModule):
     ``eval_max_images`` (``evaluation.max_images``) keeps the first N images of the val and test
     splits, as ``name[:N]`` split specs do, or the whole split when it has fewer."""
 
-    def __init__(self, cfg: DictConfig, seed: int = 0, loader: Mapping | None = None,
-                 eval_max_images: int | None = None):
+    def __init__(
+        self,
+        cfg: DictConfig,
+        seed: int = 0,
+        loader: Mapping | None = None,
+        eval_max_images: int | None = None,
+    ):
         super().__init__()
         self.cfg = cfg
         self.seed = seed
@@ -231,7 +239,9 @@ class CCRDataModule(L.LightningDataModule):
         the dataset declares it (its reader, or the synthetic world)."""
         if self.is_sharded:
             return self.shard_index("train").captions_parallel
-        return synthetic.CAPTIONS_PARALLEL if self.is_synthetic else captions_parallel(self.cfg.name)
+        return (
+            synthetic.CAPTIONS_PARALLEL if self.is_synthetic else captions_parallel(self.cfg.name)
+        )
 
     @property
     def is_sharded(self) -> bool:
@@ -274,22 +284,35 @@ class CCRDataModule(L.LightningDataModule):
             if self.is_synthetic:
                 records = self._world_split(self._world_knobs(), split)
             elif self.is_sharded:  # a small evaluation split: its images extracted, then validated
-                records = self._validated(shards.extract(self.shard_index(role), self.image_root / split),
-                                          split, self.image_root)
+                records = self._validated(
+                    shards.extract(self.shard_index(role), self.image_root / split),
+                    split,
+                    self.image_root,
+                )
             else:
                 records = self._validated(
                     read_dataset(self.cfg.name, self.cfg.root, split), split, self.image_root
                 )
             if limit is not None:
                 if limit > len(records):
-                    raise ValueError(f"data.splits.{role}={spec}: the split has only {len(records)} records")
-                rank_zero_info(f"{self.cfg.name}/{split}: data.splits.{role}={spec} keeps the first "
-                               f"{limit} of {len(records)} records")
+                    raise ValueError(
+                        f"data.splits.{role}={spec}: the split has only {len(records)} records"
+                    )
+                rank_zero_info(
+                    f"{self.cfg.name}/{split}: data.splits.{role}={spec} keeps the first "
+                    f"{limit} of {len(records)} records"
+                )
                 records = records[:limit]
-            if role != "train" and self.eval_max_images is not None and len(records) > self.eval_max_images:
-                rank_zero_info(f"{self.cfg.name}/{split}: evaluation.max_images={self.eval_max_images} "
-                               f"keeps the first {self.eval_max_images} of {len(records)} records")
-                records = records[:self.eval_max_images]
+            if (
+                role != "train"
+                and self.eval_max_images is not None
+                and len(records) > self.eval_max_images
+            ):
+                rank_zero_info(
+                    f"{self.cfg.name}/{split}: evaluation.max_images={self.eval_max_images} "
+                    f"keeps the first {self.eval_max_images} of {len(records)} records"
+                )
+                records = records[: self.eval_max_images]
             if self.roi_store is not None:
                 records = self._with_rois(records, role, split)
             self._records[role] = records
@@ -300,9 +323,13 @@ class CCRDataModule(L.LightningDataModule):
         """The precomputed ROI features of ``data.roi_features`` (opened once), or None."""
         path = self.cfg.get("roi_features")
         if path is not None and self._roi_store is None:
-            self._roi_store = RoiStore(path, allow_pickle=bool(self.cfg.get("roi_allow_pickle", False)))
-            rank_zero_info(f"ROI features: {self._roi_store.dim}-wide regions from {path}, "
-                           f"{self.cfg.roi_regions} per image in a batch")
+            self._roi_store = RoiStore(
+                path, allow_pickle=bool(self.cfg.get("roi_allow_pickle", False))
+            )
+            rank_zero_info(
+                f"ROI features: {self._roi_store.dim}-wide regions from {path}, "
+                f"{self.cfg.roi_regions} per image in a batch"
+            )
         return self._roi_store
 
     def _with_rois(self, records: list[Record], role: str, split: str) -> list[Record]:
@@ -313,8 +340,10 @@ class CCRDataModule(L.LightningDataModule):
             records, source, self.cfg.on_missing_roi
         )
         if skipped:
-            rank_zero_info(f"{source}: skipped {len(skipped)} of {len(records)} records without "
-                           f"ROI features in {self.roi_store.source}, e.g. {skipped[:3]}")
+            rank_zero_info(
+                f"{source}: skipped {len(skipped)} of {len(records)} records without "
+                f"ROI features in {self.roi_store.source}, e.g. {skipped[:3]}"
+            )
         return kept
 
     def _image_rois(self, role: str, records: list[Record]) -> ImageRois | None:
@@ -369,7 +398,9 @@ class CCRDataModule(L.LightningDataModule):
             labels = list(self.shard_index("train").labels)
         else:
             train = self.records("train") if self.cfg.splits.get("train") is not None else []
-            labels = sorted({label for record in train for label in record.extras.get("objects", [])})
+            labels = sorted(
+                {label for record in train for label in record.extras.get("objects", [])}
+            )
         self._labels = {label: i for i, label in enumerate(labels)}
         self._info = DataInfo(
             languages=list(self.languages),
@@ -404,13 +435,20 @@ class CCRDataModule(L.LightningDataModule):
         if not self.is_synthetic or self.cfg.get("backbones") is None:
             return {}
         encoders = functools.cache(self._world_encoders)
-        return {"text": lambda: encoders()["text"], "image": lambda: encoders()["image"],
-                "seq2seq": self._world_seq2seq}
+        return {
+            "text": lambda: encoders()["text"],
+            "image": lambda: encoders()["image"],
+            "seq2seq": self._world_seq2seq,
+        }
 
     def _world_settings(self) -> dict:
-        return {"languages": self.languages, "image_size": int(self.cfg.image_size),
-                "image_mean": list(self.cfg.image_mean), "image_std": list(self.cfg.image_std),
-                "max_length": int(self.cfg.max_length)}
+        return {
+            "languages": self.languages,
+            "image_size": int(self.cfg.image_size),
+            "image_mean": list(self.cfg.image_mean),
+            "image_std": list(self.cfg.image_std),
+            "max_length": int(self.cfg.max_length),
+        }
 
     def _world_recipe(self) -> backbones.BackboneRecipe:
         return backbones.BackboneRecipe.from_config(
@@ -422,15 +460,22 @@ class CCRDataModule(L.LightningDataModule):
         recipe = self._world_recipe()
         knobs = self._world_knobs().clean()  # the pretrain split does not depend on the corruptions
         world = synthetic.build_world(self.cfg.root, knobs)
-        target = backbones.backbone_dir(self.cfg.root, world, self._build_tokenizer(),
-                                        self._world_settings(), recipe)
+        target = backbones.backbone_dir(
+            self.cfg.root, world, self._build_tokenizer(), self._world_settings(), recipe
+        )
         if not (target / backbones.SUMMARY).exists():
             rank_zero_info(f"building the world's pretrained backbones in {target}")
             pretrain = synthetic.build_pretrain(world, knobs)
             backbones.build_backbones(
-                target, synthetic.load_split(pretrain, synthetic.PRETRAIN), self.languages,
-                self._build_tokenizer(), int(self.cfg.max_length), pretrain / "images",
-                self.image_transform(), recipe, check=synthetic.load_split(world, "val"),
+                target,
+                synthetic.load_split(pretrain, synthetic.PRETRAIN),
+                self.languages,
+                self._build_tokenizer(),
+                int(self.cfg.max_length),
+                pretrain / "images",
+                self.image_transform(),
+                recipe,
+                check=synthetic.load_split(world, "val"),
             )
         return backbones.encoder_specs(target, recipe, int(self.cfg.image_size))
 
@@ -440,14 +485,20 @@ class CCRDataModule(L.LightningDataModule):
         knobs = self._world_knobs().clean()
         world = synthetic.build_world(self.cfg.root, knobs)
         settings = {"languages": self.languages, "max_length": int(self.cfg.max_length)}
-        target = backbones.seq2seq_dir(self.cfg.root, world, self._build_tokenizer(), settings,
-                                       recipe)
+        target = backbones.seq2seq_dir(
+            self.cfg.root, world, self._build_tokenizer(), settings, recipe
+        )
         if not (target / backbones.SUMMARY).exists():
             rank_zero_info(f"building the world's pretrained mBART in {target}")
             pretrain = synthetic.build_pretrain(world, knobs)
-            backbones.build_seq2seq(target, synthetic.load_split(pretrain, synthetic.PRETRAIN),
-                                    self.languages, self._build_tokenizer(),
-                                    int(self.cfg.max_length), recipe)
+            backbones.build_seq2seq(
+                target,
+                synthetic.load_split(pretrain, synthetic.PRETRAIN),
+                self.languages,
+                self._build_tokenizer(),
+                int(self.cfg.max_length),
+                recipe,
+            )
         return backbones.seq2seq_spec(target)
 
     @property
@@ -464,8 +515,12 @@ class CCRDataModule(L.LightningDataModule):
         if self._tokenizer is None:
             corpus = None
             if self.cfg.tokenizer.name == OFFLINE and self.is_sharded:
-                corpus = [t for row in self.shard_index("train").caption_rows()
-                          for lang in self.languages for t in row.get(lang, [])]
+                corpus = [
+                    t
+                    for row in self.shard_index("train").caption_rows()
+                    for lang in self.languages
+                    for t in row.get(lang, [])
+                ]
             elif self.cfg.tokenizer.name == OFFLINE:
                 corpus = [
                     t
@@ -510,10 +565,16 @@ class CCRDataModule(L.LightningDataModule):
         if not self.cfg.get("image_cache"):
             return self.loader_transform()
         if self.pretrained is not None:
-            raise ValueError("data.image_cache=true: the cache holds the suite's own image transform, "
-                             "not a pretrained model's preprocessing (data.pretrained_io); set it false")
-        return cached_images(paths, self.image_transform(), Path(self.cfg.cache_dir) / "image-cache",
-                             self.loader["num_workers"])
+            raise ValueError(
+                "data.image_cache=true: the cache holds the suite's own image transform, "
+                "not a pretrained model's preprocessing (data.pretrained_io); set it false"
+            )
+        return cached_images(
+            paths,
+            self.image_transform(),
+            Path(self.cfg.cache_dir) / "image-cache",
+            self.loader["num_workers"],
+        )
 
     def _check_languages(self, languages: list[str]) -> None:
         unknown = [lang for lang in languages if lang not in self.languages]
@@ -522,8 +583,9 @@ class CCRDataModule(L.LightningDataModule):
                 f"languages {unknown or '[]'} not configured; configured languages: {self.languages}"
             )
 
-    def train_dataloader(self, languages: list[str] | None = None,
-                         batch_size: int | None = None) -> DataLoader:
+    def train_dataloader(
+        self, languages: list[str] | None = None, batch_size: int | None = None
+    ) -> DataLoader:
         """Shuffled training batches with K = len(languages) captions per instance (default: all
         configured languages) and ``batch_size`` instances (default: ``data.batch_size``; a
         stage may train with its own, e.g. RC3's fine-tuning). Records with none of the
@@ -542,9 +604,13 @@ class CCRDataModule(L.LightningDataModule):
                 f"{languages} and are left out"
             )
         dataset = TrainDataset(
-            records, languages, self.image_root,
-            self.images([self.image_root / r.image for r in records]), self._labels,
-            parallel=self.captions_parallel, rois=self._image_rois("train", records),
+            records,
+            languages,
+            self.image_root,
+            self.images([self.image_root / r.image for r in records]),
+            self._labels,
+            parallel=self.captions_parallel,
+            rois=self._image_rois("train", records),
         )
         if dataset.unaligned:
             rank_zero_info(
@@ -553,7 +619,11 @@ class CCRDataModule(L.LightningDataModule):
             )
         with_alignment = any("alignment" in r.extras for r in records)
         collate = TrainCollate(
-            self.tokenizer, self.info.max_length, languages, len(self._labels), with_alignment,
+            self.tokenizer,
+            self.info.max_length,
+            languages,
+            len(self._labels),
+            with_alignment,
             pad_to_multiple=self.info.pad_to_multiple,
         )
         return training_loader(
@@ -568,12 +638,21 @@ class CCRDataModule(L.LightningDataModule):
 
     def _stream_loader(self, languages: list[str], batch_size: int) -> shards.StreamLoader:
         """Training batches streamed from the train split's shards (``datamodules/shards.py``)."""
-        collate = TrainCollate(self.tokenizer, self.info.max_length, languages, len(self._labels), False)
+        collate = TrainCollate(
+            self.tokenizer, self.info.max_length, languages, len(self._labels), False
+        )
         stream = shards.ShardStream(
-            self.shard_index("train"), languages=languages, transform=self.image_transform(),
-            collate=collate, label_index=self._labels, batch_size=batch_size, seed=self.seed,
-            buffer=int(self.cfg.shuffle_buffer), slots=int(self.cfg.stream_slots),
-            num_workers=int(self.cfg.num_workers))
+            self.shard_index("train"),
+            languages=languages,
+            transform=self.image_transform(),
+            collate=collate,
+            label_index=self._labels,
+            batch_size=batch_size,
+            seed=self.seed,
+            buffer=int(self.cfg.shuffle_buffer),
+            slots=int(self.cfg.stream_slots),
+            num_workers=int(self.cfg.num_workers),
+        )
         return shards.StreamLoader(stream, int(self.cfg.num_workers))
 
     def eval_view(self, role: str) -> EvalView:
@@ -607,7 +686,8 @@ class CCRDataModule(L.LightningDataModule):
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,
                 num_workers=self.loader["num_workers"],
-                mrv_languages=None if self.cfg.get("mrv_languages") is None
+                mrv_languages=None
+                if self.cfg.get("mrv_languages") is None
                 else [str(lang) for lang in self.cfg.mrv_languages],
                 rois=self._image_rois(role, records),
             )
@@ -647,9 +727,13 @@ class CCRDataModule(L.LightningDataModule):
             self._parallel = read_parallel_text(path)
         return self._parallel
 
-    def parallel_dataloader(self, pairs: list[tuple[str, str]] | None = None, *,
-                            beta: float | None = None,
-                            max_tokens: int | None = None) -> DataLoader:
+    def parallel_dataloader(
+        self,
+        pairs: list[tuple[str, str]] | None = None,
+        *,
+        beta: float | None = None,
+        max_tokens: int | None = None,
+    ) -> DataLoader:
         """Text-only sentence pairs of the parallel corpus (:meth:`parallel_text`), one language
         pair per batch. Default pairs: English to and from every other configured language, or
         every ordered pair when English is not configured. ``beta`` draws each batch's pair with
@@ -667,7 +751,9 @@ class CCRDataModule(L.LightningDataModule):
         for src, tgt in pairs:
             texts[src, tgt], blank = corpus.pairs(src, tgt)
             if blank:
-                rank_zero_info(f"{corpus.source}: {blank} {src}-{tgt} rows with a blank side left out")
+                rank_zero_info(
+                    f"{corpus.source}: {blank} {src}-{tgt} rows with a blank side left out"
+                )
         max_length = self.info.max_length
 
         def count_tokens(sentences: list[str]) -> list[int]:
@@ -677,12 +763,22 @@ class CCRDataModule(L.LightningDataModule):
             new = list(dict.fromkeys(s for s in sentences if s not in known))
             for start in range(0, len(new), 8192):
                 chunk = new[start : start + 8192]
-                known.update(zip(chunk, self.tokenizer(chunk, max_length)["attention_mask"].sum(1).tolist(), strict=True))
+                known.update(
+                    zip(
+                        chunk,
+                        self.tokenizer(chunk, max_length)["attention_mask"].sum(1).tolist(),
+                        strict=True,
+                    )
+                )
             return [known[s] for s in sentences]
 
         dataset = parallel_batches(
-            texts, batch_size=int(self.cfg.batch_size), seed=self.seed, beta=beta,
-            max_tokens=max_tokens, count_tokens=count_tokens,
+            texts,
+            batch_size=int(self.cfg.batch_size),
+            seed=self.seed,
+            beta=beta,
+            max_tokens=max_tokens,
+            count_tokens=count_tokens,
         )
         return training_loader(
             dataset,

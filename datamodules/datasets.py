@@ -86,15 +86,25 @@ class TrainDataset(Dataset):
 
     def __getitem__(self, index: int) -> dict:
         record = self.records[index]
-        item = training_item(record, self.transform(self.image_root / record.image), self.languages,
-                             self.aligned[index], self.label_index)
+        item = training_item(
+            record,
+            self.transform(self.image_root / record.image),
+            self.languages,
+            self.aligned[index],
+            self.label_index,
+        )
         if self.rois is not None:
             item.update(self.rois[index])
         return item
 
 
-def training_item(record: Record, image: torch.Tensor, languages: list[str], aligned: bool,
-                  label_index: dict[str, int]) -> dict:
+def training_item(
+    record: Record,
+    image: torch.Tensor,
+    languages: list[str],
+    aligned: bool,
+    label_index: dict[str, int],
+) -> dict:
     """One training item of ``record`` (its decoded ``image``): one caption per language, None
     where absent; ``aligned``: one caption index drawn for every language (translations by
     index), else each language draws its own. Draws use torch's RNG (seeded per item by the
@@ -154,7 +164,9 @@ class TrainCollate:
         attention_mask = attention_mask.masked_fill(~present[..., None], 0)
         if self.pad_to_multiple:
             longest = max(int(attention_mask.sum(-1).max()), 1)
-            length = min(self.max_length, -(-longest // self.pad_to_multiple) * self.pad_to_multiple)
+            length = min(
+                self.max_length, -(-longest // self.pad_to_multiple) * self.pad_to_multiple
+            )
             input_ids, attention_mask = input_ids[..., :length], attention_mask[..., :length]
         batch = {
             "images": torch.stack([item["image"] for item in items]),
@@ -187,8 +199,12 @@ class ImageDataset(Dataset):
     """Unique images of an evaluation view, each with its index, and its shipped ROI features
     when there are ``rois`` (aligned with ``paths``)."""
 
-    def __init__(self, paths: list[Path], transform: Callable[[Path], torch.Tensor],
-                 rois: ImageRois | None = None):
+    def __init__(
+        self,
+        paths: list[Path],
+        transform: Callable[[Path], torch.Tensor],
+        rois: ImageRois | None = None,
+    ):
         self.paths, self.transform, self.rois = paths, transform, rois
 
     def __len__(self) -> int:

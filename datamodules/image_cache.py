@@ -47,7 +47,9 @@ def _stack(items):
     return [i for i, _ in items], np.stack([p for _, p in items])
 
 
-def build_cache(paths: Sequence[Path], transform: ImageTransform, folder: Path, workers: int = 0) -> Path:
+def build_cache(
+    paths: Sequence[Path], transform: ImageTransform, folder: Path, workers: int = 0
+) -> Path:
     """The cache file of ``paths`` at ``transform.size`` in ``folder``, built if absent (decoding in
     ``workers`` processes; written to a temporary name and renamed, so concurrent builders and
     interrupted builds never leave a partial file under the final name)."""
@@ -58,8 +60,12 @@ def build_cache(paths: Sequence[Path], transform: ImageTransform, folder: Path, 
         return target
     staging = target.with_name(f".{target.name}.{os.getpid()}.tmp")
     try:
-        rows = np.lib.format.open_memmap(staging, mode="w+", dtype=np.uint8, shape=(len(paths), size, size, 3))
-        loader = DataLoader(_Pixels(paths, transform), batch_size=64, num_workers=workers, collate_fn=_stack)
+        rows = np.lib.format.open_memmap(
+            staging, mode="w+", dtype=np.uint8, shape=(len(paths), size, size, 3)
+        )
+        loader = DataLoader(
+            _Pixels(paths, transform), batch_size=64, num_workers=workers, collate_fn=_stack
+        )
         for indices, pixels in loader:
             rows[indices[0] : indices[-1] + 1] = pixels
         rows.flush()
@@ -93,8 +99,9 @@ class CachedImages:
         return self.transform.normalise(np.array(self._array[row]))
 
 
-def cached_images(paths: Sequence[Path], transform: ImageTransform, folder: Path,
-                  workers: int = 0) -> CachedImages:
+def cached_images(
+    paths: Sequence[Path], transform: ImageTransform, folder: Path, workers: int = 0
+) -> CachedImages:
     """``paths`` (unique, in any order) cached at the transform's size in ``folder``."""
     unique = list(dict.fromkeys(paths))
     return CachedImages(unique, build_cache(unique, transform, folder, workers), transform)

@@ -61,8 +61,13 @@ def token_batches(lengths: Sequence[int], max_tokens: int) -> list[list[int]]:
     return batches
 
 
-def cut_direction(texts: Texts, rng: random.Random, batch_size: int, max_tokens: int | None,
-                  count_tokens: Callable[[list[str]], list[int]] | None) -> list[Texts]:
+def cut_direction(
+    texts: Texts,
+    rng: random.Random,
+    batch_size: int,
+    max_tokens: int | None,
+    count_tokens: Callable[[list[str]], list[int]] | None,
+) -> list[Texts]:
     """One direction's pairs shuffled and cut into batches (by tokens or by ``batch_size``; a
     direction with fewer than ``batch_size`` pairs gives one smaller batch)."""
     texts = list(texts)
@@ -83,16 +88,28 @@ def cut_direction(texts: Texts, rng: random.Random, batch_size: int, max_tokens:
 
 
 def parallel_batches(
-    texts: Mapping[Pair, Texts], *, batch_size: int, seed: int, beta: float | None = None,
-    max_tokens: int | None = None, count_tokens: Callable[[list[str]], list[int]] | None = None,
+    texts: Mapping[Pair, Texts],
+    *,
+    batch_size: int,
+    seed: int,
+    beta: float | None = None,
+    max_tokens: int | None = None,
+    count_tokens: Callable[[list[str]], list[int]] | None = None,
 ) -> ParallelBatches:
     """The batches of one epoch (see the module docstring), reproducible from ``seed``."""
     rng = random.Random(seed)
-    per_direction = {pair: cut_direction(pair_texts, rng, batch_size, max_tokens, count_tokens)
-                     for pair, pair_texts in texts.items()}
+    per_direction = {
+        pair: cut_direction(pair_texts, rng, batch_size, max_tokens, count_tokens)
+        for pair, pair_texts in texts.items()
+    }
     if beta is None:
-        return ParallelBatches([(src, tgt, batch) for (src, tgt), batches in per_direction.items()
-                                for batch in batches])
+        return ParallelBatches(
+            [
+                (src, tgt, batch)
+                for (src, tgt), batches in per_direction.items()
+                for batch in batches
+            ]
+        )
     probabilities = smoothed_pair_probabilities({p: len(t) for p, t in texts.items()}, beta)
     directions = [pair for pair in per_direction if probabilities[pair] > 0]
     count = sum(len(batches) for batches in per_direction.values())

@@ -4,8 +4,9 @@ reads images and captions exactly as ``experiments/external.py`` scored it."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from PIL import Image
@@ -42,8 +43,10 @@ class PretrainedTokenizer:
 
     def __call__(self, texts: list[str], max_length: int) -> dict[str, torch.Tensor]:
         if max_length != self.text_length:
-            raise ValueError(f"{self.io.spec.label} encodes captions of {self.text_length} tokens, "
-                             f"not {max_length}")
+            raise ValueError(
+                f"{self.io.spec.label} encodes captions of {self.text_length} tokens, "
+                f"not {max_length}"
+            )
         return self.io.tokenize(list(texts), None)
 
 

@@ -8,9 +8,10 @@ records, so adding a dataset never touches method code.
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any
 
 
 @dataclass
@@ -51,7 +52,9 @@ def read_records(path: str | Path) -> list[Record]:
                 if key not in raw:
                     raise ValueError(f"{path}:{line_no}: record has no field '{key}'")
             if not isinstance(raw["captions"], dict):
-                raise ValueError(f"{path}:{line_no}: field 'captions' must map language -> list of texts")
+                raise ValueError(
+                    f"{path}:{line_no}: field 'captions' must map language -> list of texts"
+                )
             captions = {
                 lang: [texts] if isinstance(texts, str) else list(texts)
                 for lang, texts in raw["captions"].items()

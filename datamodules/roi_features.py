@@ -55,11 +55,19 @@ def lmdb_environment(path: Path):
     try:
         import lmdb
     except ImportError:
-        raise ImportError(f"data.roi_features {path} is an LMDB store: install the 'lmdb' package "
-                          f"(pip install -e '.[roi]')") from None
+        raise ImportError(
+            f"data.roi_features {path} is an LMDB store: install the 'lmdb' package "
+            f"(pip install -e '.[roi]')"
+        ) from None
     try:
-        env = lmdb.open(str(path), subdir=path.is_dir(), readonly=True, lock=False,
-                        readahead=False, meminit=False)
+        env = lmdb.open(
+            str(path),
+            subdir=path.is_dir(),
+            readonly=True,
+            lock=False,
+            readahead=False,
+            meminit=False,
+        )
     except lmdb.Error as err:
         raise ValueError(f"{path}: not a readable LMDB ({err})") from None
     _ENVIRONMENTS[name] = (pid, env)
@@ -89,34 +97,44 @@ class LmdbFolder:
         if raw is None:
             raise KeyError(key)
         where = f"{self.path}: image '{key}'"
-        if bytes(raw[:len(NPY_MAGIC)]) == NPY_MAGIC:
+        if bytes(raw[: len(NPY_MAGIC)]) == NPY_MAGIC:
             try:
                 return np.load(io.BytesIO(raw), allow_pickle=False)
             except ValueError as err:
                 raise ValueError(f"{where}: not a readable .npy value ({err})") from None
         if not self.allow_pickle:
-            raise ValueError(f"{where}: the value is a Python pickle (VOLTA's h5_to_lmdb.py layout) and "
-                             "unpickling runs any code the store holds; set data.roi_allow_pickle=true "
-                             "for a store you trust, or store .npy values (docs/rc3.md)")
+            raise ValueError(
+                f"{where}: the value is a Python pickle (VOLTA's h5_to_lmdb.py layout) and "
+                "unpickling runs any code the store holds; set data.roi_allow_pickle=true "
+                "for a store you trust, or store .npy values (docs/rc3.md)"
+            )
         try:
             item = pickle.loads(raw)
         except Exception as err:  # a damaged pickle raises many types; all mean "unreadable"
-            raise ValueError(f"{where}: the record does not unpickle ({type(err).__name__}: "
-                             f"{' '.join(str(err).split())})") from None
+            raise ValueError(
+                f"{where}: the record does not unpickle ({type(err).__name__}: "
+                f"{' '.join(str(err).split())})"
+            ) from None
         if not isinstance(item, dict) or FIELD not in item:
-            raise ValueError(f"{where}: not a pickled dict with a '{FIELD}' field (the per-image "
-                             f"layout of VOLTA's h5_to_lmdb.py)")
+            raise ValueError(
+                f"{where}: not a pickled dict with a '{FIELD}' field (the per-image "
+                f"layout of VOLTA's h5_to_lmdb.py)"
+            )
         features = item[FIELD]
         if not isinstance(features, (bytes, str)):
             return np.asarray(features)
         if "num_boxes" not in item:
-            raise ValueError(f"{where}: field '{FIELD}' is an encoded buffer but the record has no "
-                             f"'num_boxes' field to give its region count")
+            raise ValueError(
+                f"{where}: field '{FIELD}' is an encoded buffer but the record has no "
+                f"'num_boxes' field to give its region count"
+            )
         values = np.frombuffer(base64.b64decode(features), dtype=np.float32)
         boxes = int(np.asarray(item["num_boxes"]).reshape(-1)[0])
         if boxes <= 0 or len(values) % boxes:
-            raise ValueError(f"{where}: field '{FIELD}' holds {len(values)} floats, not a multiple "
-                             f"of num_boxes={boxes}")
+            raise ValueError(
+                f"{where}: field '{FIELD}' holds {len(values)} floats, not a multiple "
+                f"of num_boxes={boxes}"
+            )
         return values.reshape(boxes, -1)
 
 
@@ -195,8 +213,9 @@ class RoiStore:
             raise LookupError(f"{self.source}: no ROI features for image '{key}'") from None
         where = f"{self.source}: image '{key}': field '{FIELD}'"
         if regions.ndim != 2 or len(regions) == 0:
-            raise ValueError(f"{where} has shape {tuple(regions.shape)}, "
-                             f"expected [regions >= 1, dim]")
+            raise ValueError(
+                f"{where} has shape {tuple(regions.shape)}, expected [regions >= 1, dim]"
+            )
         if not np.issubdtype(regions.dtype, np.floating):
             raise ValueError(f"{where} holds {regions.dtype}, not floats")
         regions = np.array(regions, dtype=np.float32)
@@ -209,21 +228,25 @@ class RoiStore:
         line naming the store, the image and the field."""
         regions = self._regions(key)
         if regions.shape[1] != self.dim:
-            raise ValueError(f"{self.source}: image '{key}': field '{FIELD}' is "
-                             f"{regions.shape[1]} wide, but the store's features are {self.dim} "
-                             f"wide (image '{self.probe}')")
+            raise ValueError(
+                f"{self.source}: image '{key}': field '{FIELD}' is "
+                f"{regions.shape[1]} wide, but the store's features are {self.dim} "
+                f"wide (image '{self.probe}')"
+            )
         return regions
 
-    def match(self, records: list[Record], source: str,
-              on_missing: str) -> tuple[list[Record], dict[str, str], list[str]]:
+    def match(
+        self, records: list[Record], source: str, on_missing: str
+    ) -> tuple[list[Record], dict[str, str], list[str]]:
         """(records that have features, record id -> store key, ids of skipped records).
 
         A record without features is an error naming it (``on_missing="error"``) or is left out
         and returned among the skipped (``"skip"``). The features of every kept record are read
         and checked now (:meth:`features`), so a broken one stops the setup, not a later stage."""
         if on_missing not in MISSING_ROI_POLICIES:
-            raise ValueError(f"on_missing_roi must be one of {list(MISSING_ROI_POLICIES)}, "
-                             f"got {on_missing!r}")
+            raise ValueError(
+                f"on_missing_roi must be one of {list(MISSING_ROI_POLICIES)}, got {on_missing!r}"
+            )
         available = set(self.backend.keys())
         kept, keys, skipped = [], {}, []
         for record in records:
@@ -233,9 +256,11 @@ class RoiStore:
                 kept.append(record)
                 keys[record.id] = key
             elif on_missing == "error":
-                raise ValueError(f"{source}: record '{record.id}' has no ROI features in "
-                                 f"{self.source} (looked up {candidates}); "
-                                 f"data.on_missing_roi=skip leaves such records out")
+                raise ValueError(
+                    f"{source}: record '{record.id}' has no ROI features in "
+                    f"{self.source} (looked up {candidates}); "
+                    f"data.on_missing_roi=skip leaves such records out"
+                )
             else:
                 skipped.append(record.id)
         for key in dict.fromkeys(keys.values()):
@@ -259,9 +284,12 @@ class ImageRois:
         key = self.keys[index]
         regions = self.store.features(key)
         if len(regions) > self.regions and not self._warned:
-            warnings.warn(f"{self.store.source}: image '{key}' has {len(regions)} regions, more "
-                          f"than data.roi_regions={self.regions}; the first {self.regions} are "
-                          f"kept (warned once per process)", stacklevel=2)
+            warnings.warn(
+                f"{self.store.source}: image '{key}' has {len(regions)} regions, more "
+                f"than data.roi_regions={self.regions}; the first {self.regions} are "
+                f"kept (warned once per process)",
+                stacklevel=2,
+            )
             self._warned = True
         count = min(len(regions), self.regions)
         features = torch.zeros(self.regions, self.store.dim)

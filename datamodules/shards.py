@@ -80,8 +80,10 @@ class ShardIndex:
         folder = Path(folder)
         path = folder / INDEX
         if not path.is_file():
-            raise FileNotFoundError(f"{path}: no shard index (write shards with "
-                                    "`python -m datamodules.shards write`, docs/scale.md)")
+            raise FileNotFoundError(
+                f"{path}: no shard index (write shards with "
+                "`python -m datamodules.shards write`, docs/scale.md)"
+            )
         raw = json.loads(path.read_text())
         for key in ("shards", "languages", "captions_parallel"):
             if key not in raw:
@@ -89,9 +91,14 @@ class ShardIndex:
         for i, shard in enumerate(raw["shards"]):
             if not isinstance(shard.get("samples"), int) or "file" not in shard:
                 raise ValueError(f"{path}: shards[{i}] needs 'file' and an integer 'samples'")
-        return cls(folder, tuple(s["file"] for s in raw["shards"]),
-                   tuple(s["samples"] for s in raw["shards"]), tuple(raw["languages"]),
-                   bool(raw["captions_parallel"]), tuple(raw.get("labels", [])))
+        return cls(
+            folder,
+            tuple(s["file"] for s in raw["shards"]),
+            tuple(s["samples"] for s in raw["shards"]),
+            tuple(raw["languages"]),
+            bool(raw["captions_parallel"]),
+            tuple(raw.get("labels", [])),
+        )
 
     @property
     def total(self) -> int:
@@ -106,10 +113,12 @@ class ShardIndex:
 
 def raw_samples(paths: Sequence[Path]) -> Iterator[dict]:
     """The samples of the tar files in order, undecoded: ``{"__key__", "__url__", suffix: bytes}``."""
+
     def streams():
         for path in paths:
             with open(path, "rb") as stream:
                 yield {"url": str(path), "stream": stream}
+
     return group_by_keys(tar_file_expander(streams()))
 
 
@@ -128,8 +137,12 @@ def decode_record(sample: dict) -> tuple[Record, bytes]:
     captions = meta.get("captions")
     if not isinstance(captions, dict):
         raise ValueError(f"{where}: .json field 'captions' must map language -> list of texts")
-    captions = {lang: [texts] if isinstance(texts, str) else list(texts) for lang, texts in captions.items()}
-    return Record(str(meta.get("id", sample["__key__"])), None, captions, meta.get("extras") or {}), image
+    captions = {
+        lang: [texts] if isinstance(texts, str) else list(texts) for lang, texts in captions.items()
+    }
+    return Record(
+        str(meta.get("id", sample["__key__"])), None, captions, meta.get("extras") or {}
+    ), image
 
 
 def requested(record: Record, languages: Sequence[str]) -> Record:
@@ -163,10 +176,22 @@ class ShardStream(IterableDataset):
     per item. ``start(epoch, batches_done)`` sets the epoch the next iteration streams and how
     many of its batches to skip. ``world``/``rank`` default to the process group's."""
 
-    def __init__(self, index: ShardIndex, *, languages: Sequence[str], transform: ImageTransform,
-                 collate: TrainCollate, label_index: dict[str, int], batch_size: int, seed: int,
-                 buffer: int, slots: int, num_workers: int, world: int | None = None,
-                 rank: int | None = None):
+    def __init__(
+        self,
+        index: ShardIndex,
+        *,
+        languages: Sequence[str],
+        transform: ImageTransform,
+        collate: TrainCollate,
+        label_index: dict[str, int],
+        batch_size: int,
+        seed: int,
+        buffer: int,
+        slots: int,
+        num_workers: int,
+        world: int | None = None,
+        rank: int | None = None,
+    ):
         distributed = dist.is_available() and dist.is_initialized()
         self.world = world if world is not None else dist.get_world_size() if distributed else 1
         self.rank = rank if rank is not None else dist.get_rank() if distributed else 0
@@ -178,11 +203,15 @@ class ShardStream(IterableDataset):
         if slots % self.world:
             raise ValueError(f"{where} is not a multiple of the {self.world} processes")
         if batch_size % (slots // self.world):
-            raise ValueError(f"{where}: a process's batch of {batch_size} does not split into equal "
-                             f"chunks from its {slots // self.world} slots")
+            raise ValueError(
+                f"{where}: a process's batch of {batch_size} does not split into equal "
+                f"chunks from its {slots // self.world} slots"
+            )
         if len(index.files) < slots:
-            raise ValueError(f"{where}: only {len(index.files)} shards; write at least as many "
-                             "shards as slots, or lower data.stream_slots")
+            raise ValueError(
+                f"{where}: only {len(index.files)} shards; write at least as many "
+                "shards as slots, or lower data.stream_slots"
+            )
         self.chunk = batch_size // (slots // self.world)  # samples per slot in a batch
         self.batches = index.total // (slots * self.chunk)  # per epoch, the same on every rank
         self.epoch, self.skip = 0, 0
@@ -198,7 +227,7 @@ class ShardStream(IterableDataset):
         """The shards dealt to ``slot`` in this epoch (shuffled by seed and epoch, round-robin)."""
         order = list(range(len(self.index.files)))
         random.Random(f"{self.seed}/{self.epoch}").shuffle(order)
-        return [self.index.folder / self.index.files[i] for i in order[slot::self.slots]]
+        return [self.index.folder / self.index.files[i] for i in order[slot :: self.slots]]
 
     def __iter__(self) -> Iterator[dict]:
         info = get_worker_info()
@@ -209,15 +238,19 @@ class ShardStream(IterableDataset):
         for slot in slots:
             shards = self.slot_shards(slot)
             if not any(self.index.samples[self.index.files.index(p.name)] for p in shards):
-                raise ValueError(f"{self.index.folder}: the shards dealt to slot {slot} hold no sample")
-            streams.append(SeededBuffer(self.buffer, hash_seed(self.seed, self.epoch, slot))(cycle(shards)))
+                raise ValueError(
+                    f"{self.index.folder}: the shards dealt to slot {slot} hold no sample"
+                )
+            streams.append(
+                SeededBuffer(self.buffer, hash_seed(self.seed, self.epoch, slot))(cycle(shards))
+            )
         for batch in range(self.batches):
             # The loader takes batches from its workers in turn, worker 0 first (also when resumed):
             # worker w makes batches skip + w, skip + w + N, ...; the others' samples it reads
             # past without decoding, as it does the batches done before a resume.
             mine = batch >= self.skip and (batch - self.skip) % self.workers == worker
             items, skipped = [], []
-            for slot, stream in zip(slots, streams):
+            for slot, stream in zip(slots, streams, strict=True):
                 for offset in range(self.chunk):
                     sample = next(stream)
                     if mine:
@@ -226,7 +259,9 @@ class ShardStream(IterableDataset):
             if not mine:
                 continue
             if not items:
-                raise ValueError(f"{self.index.folder}: every sample of a batch failed, e.g. {skipped[0]}")
+                raise ValueError(
+                    f"{self.index.folder}: every sample of a batch failed, e.g. {skipped[0]}"
+                )
             yield self.collate(items) | {"skipped_samples": skipped}
 
     def item(self, sample: dict, slot: int, position: int) -> dict | str:
@@ -298,8 +333,10 @@ class SkippedSamples(Callback):
         counts = counts.reshape(-1).tolist()
         pl_module.log("train/skipped_samples", float(sum(counts)), rank_zero_only=True)
         if sum(counts):
-            rank_zero_info(f"streamed training data: {sum(counts)} samples skipped so far "
-                           f"(per rank {counts}), e.g. {self.example}")
+            rank_zero_info(
+                f"streamed training data: {sum(counts)} samples skipped so far "
+                f"(per rank {counts}), e.g. {self.example}"
+            )
             if self.example is not None and trainer.global_rank != 0:
                 print(f"rank {trainer.global_rank}: skipped e.g. {self.example}", flush=True)
 
@@ -314,8 +351,10 @@ def sampled_check(index: ShardIndex, languages: Sequence[str]) -> None:
     shards decodes (not the whole data: that is what streaming avoids)."""
     missing = [lang for lang in languages if lang not in index.languages]
     if missing:
-        raise ValueError(f"{index.folder / INDEX}: languages {missing} are not in the shards "
-                         f"(they hold {list(index.languages)}); set data.languages")
+        raise ValueError(
+            f"{index.folder / INDEX}: languages {missing} are not in the shards "
+            f"(they hold {list(index.languages)}); set data.languages"
+        )
     if index.total == 0:
         raise ValueError(f"{index.folder / INDEX}: the shards hold no sample")
     step = max(1, len(index.files) // SAMPLED_CHECK)
@@ -327,8 +366,10 @@ def sampled_check(index: ShardIndex, languages: Sequence[str]) -> None:
         try:
             ImageTransform(8, (0, 0, 0), (1, 1, 1))(io.BytesIO(image))
         except OSError as error:
-            raise ValueError(f"{index.folder / name}: sample {sample['__key__']}: image does not "
-                             f"decode ({error})") from None
+            raise ValueError(
+                f"{index.folder / name}: sample {sample['__key__']}: image does not "
+                f"decode ({error})"
+            ) from None
 
 
 def extract(index: ShardIndex, target: Path) -> list[Record]:
@@ -349,8 +390,16 @@ def extract(index: ShardIndex, target: Path) -> list[Record]:
 
 # ---- writing ---------------------------------------------------------------------------------------
 
-def write_split(records: Sequence[Record], image_root: Path, folder: Path, *, shard_size: int,
-                languages: Sequence[str], captions_parallel: bool) -> ShardIndex:
+
+def write_split(
+    records: Sequence[Record],
+    image_root: Path,
+    folder: Path,
+    *,
+    shard_size: int,
+    languages: Sequence[str],
+    captions_parallel: bool,
+) -> ShardIndex:
     """Write ``records`` (images under ``image_root``) as shards of ``shard_size`` samples in
     record order, with their index and caption list."""
     if shard_size < 1:
@@ -360,20 +409,32 @@ def write_split(records: Sequence[Record], image_root: Path, folder: Path, *, sh
     with (folder / CAPTIONS).open("w", encoding="utf-8") as captions:
         for number, start in enumerate(range(0, len(records), shard_size)):
             name = f"shard-{number:06d}.tar"
-            chunk = records[start:start + shard_size]
+            chunk = records[start : start + shard_size]
             with TarWriter(str(folder / name), encoder=False) as writer:
                 for position, record in enumerate(chunk, start):
                     suffix = Path(record.image).suffix.lstrip(".").lower() or "jpg"
                     meta = {"id": record.id, "captions": record.captions, "extras": record.extras}
-                    writer.write({"__key__": f"{position:09d}",
-                                  suffix: (image_root / record.image).read_bytes(),
-                                  "json": json.dumps(meta, ensure_ascii=False).encode()})
+                    writer.write(
+                        {
+                            "__key__": f"{position:09d}",
+                            suffix: (image_root / record.image).read_bytes(),
+                            "json": json.dumps(meta, ensure_ascii=False).encode(),
+                        }
+                    )
                     captions.write(json.dumps(record.captions, ensure_ascii=False) + "\n")
                     labels.update(record.extras.get("objects", []))
             shards.append({"file": name, "samples": len(chunk)})
-    (folder / INDEX).write_text(json.dumps({
-        "shards": shards, "languages": list(languages), "captions_parallel": captions_parallel,
-        "labels": sorted(labels)}, indent=1))
+    (folder / INDEX).write_text(
+        json.dumps(
+            {
+                "shards": shards,
+                "languages": list(languages),
+                "captions_parallel": captions_parallel,
+                "labels": sorted(labels),
+            },
+            indent=1,
+        )
+    )
     return ShardIndex.load(folder)
 
 
@@ -400,9 +461,14 @@ def main(argv: Sequence[str] | None = None) -> None:
     for role in args.splits:
         if cfg.data.splits.get(role) is None:
             continue
-        index = write_split(data.records(role), data.image_root, args.out / role,
-                            shard_size=args.shard_size, languages=data.languages,
-                            captions_parallel=data.captions_parallel)
+        index = write_split(
+            data.records(role),
+            data.image_root,
+            args.out / role,
+            shard_size=args.shard_size,
+            languages=data.languages,
+            captions_parallel=data.captions_parallel,
+        )
         print(f"{role}: {index.total} samples in {len(index.files)} shards under {index.folder}")
 
 

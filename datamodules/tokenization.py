@@ -128,8 +128,10 @@ class PretrainedTokenizer:
             )
         except OSError as err:
             if download or local:
-                raise ValueError(f"tokenizer '{name_or_path}' could not be loaded: "
-                                 f"{' '.join(str(err).split())[:200]}") from None
+                raise ValueError(
+                    f"tokenizer '{name_or_path}' could not be loaded: "
+                    f"{' '.join(str(err).split())[:200]}"
+                ) from None
             raise ValueError(
                 f"tokenizer '{name_or_path}' is a Hugging Face hub name that is not in the local "
                 "cache, and downloads are off: set data.tokenizer.name=offline (the suite's own "

@@ -120,7 +120,9 @@ def _image_problems(records: list[Record], image_root: Path | None) -> dict[str,
     workers = min(8, os.cpu_count() or 1)
     with ThreadPoolExecutor(max_workers=workers) as pool:
         found = pool.map(lambda r: _record_image_problem(r, image_root), records, chunksize=64)
-        return {r.id: problem for r, problem in zip(records, found, strict=True) if problem is not None}
+        return {
+            r.id: problem for r, problem in zip(records, found, strict=True) if problem is not None
+        }
 
 
 def _add(counts: dict[str, int], key: str, n: int) -> None:

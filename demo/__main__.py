@@ -13,8 +13,8 @@ from __future__ import annotations
 import errno
 import importlib.util
 import socket
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from demo.index import load_index
 from experiments import cli
@@ -24,7 +24,14 @@ USAGE = (
     "usage: python -m demo ckpt=PATH [split=val|test] [host=127.0.0.1] [port=7860] [k=10] [query=TEXT] "
     "[key=value ...]"
 )
-OPTIONS = {"ckpt": None, "split": "test", "host": "127.0.0.1", "port": "7860", "k": "10", "query": ""}
+OPTIONS = {
+    "ckpt": None,
+    "split": "test",
+    "host": "127.0.0.1",
+    "port": "7860",
+    "k": "10",
+    "query": "",
+}
 
 
 def parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
@@ -48,15 +55,20 @@ def parse(args: list[str]) -> tuple[dict[str, str], list[str]]:
 def check_port_free(host: str, port: int) -> None:
     """The address the demo will serve on must be free now (a one-line error otherwise)."""
     with socket.socket() as probe:
-        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as servers bind: TIME_WAIT is free
+        probe.setsockopt(
+            socket.SOL_SOCKET, socket.SO_REUSEADDR, 1
+        )  # as servers bind: TIME_WAIT is free
         try:
             probe.bind((host, port))
         except OSError as err:
             if err.errno == errno.EADDRINUSE:
-                raise ConfigError(f"port {port} on {host} is in use (another demo or server?); "
-                                  "choose a free one with port=<number>") from None
-            raise ConfigError(f"cannot serve on {host}:{port} ({err.strerror or err}); check host= "
-                              "and port=") from None
+                raise ConfigError(
+                    f"port {port} on {host} is in use (another demo or server?); "
+                    "choose a free one with port=<number>"
+                ) from None
+            raise ConfigError(
+                f"cannot serve on {host}:{port} ({err.strerror or err}); check host= and port="
+            ) from None
 
 
 def _main(args: list[str]) -> None:
@@ -65,14 +77,19 @@ def _main(args: list[str]) -> None:
     if not ckpt.is_file():
         raise ConfigError(f"checkpoint {ckpt} does not exist")
     if importlib.util.find_spec("gradio") is None:
-        raise ConfigError("the demo needs the demo extra: pip install -e '.[demo]' (gradio is not installed)")
+        raise ConfigError(
+            "the demo needs the demo extra: pip install -e '.[demo]' (gradio is not installed)"
+        )
     check_port_free(options["host"], int(options["port"]))  # before minutes of encoding
     index = load_index(ckpt, options["split"], overrides)
     from demo.app import build_app, launch  # after the checkpoint checks: importing gradio is slow
 
     app = build_app(index, int(options["k"]), options["query"])
-    print(f"demo: {len(index.image_ids)} images, {len(index.captions)} captions; "
-          f"http://{options['host']}:{options['port']}", flush=True)
+    print(
+        f"demo: {len(index.image_ids)} images, {len(index.captions)} captions; "
+        f"http://{options['host']}:{options['port']}",
+        flush=True,
+    )
     launch(app, index, options["host"], int(options["port"]))
 
 

@@ -14,7 +14,12 @@ import gradio as gr
 from demo.index import RetrievalIndex
 
 SEARCH_HEADERS = ["rank", "image", "score"]
-RANK_HEADERS = ["language", "caption", "image rank (text->image)", "best caption rank (image->text)"]
+RANK_HEADERS = [
+    "language",
+    "caption",
+    "image rank (text->image)",
+    "best caption rank (image->text)",
+]
 SYSTEM_FONTS = ["ui-sans-serif", "system-ui", "sans-serif"]
 MAX_SLIDER_K = 50
 
@@ -26,15 +31,20 @@ def theme() -> gr.themes.Base:
 
 def caption_choices(index: RetrievalIndex, language: str) -> list[tuple[str, int]]:
     """(label, caption index) of every caption of ``language``, labelled with its image id."""
-    return [(f"{index.image_ids[int(index.caption_image[c])]}: {text}", c)
-            for c, (text, lang) in enumerate(zip(index.captions, index.caption_language, strict=True)) if lang == language]
+    return [
+        (f"{index.image_ids[int(index.caption_image[c])]}: {text}", c)
+        for c, (text, lang) in enumerate(zip(index.captions, index.caption_language, strict=True))
+        if lang == language
+    ]
 
 
 def header(index: RetrievalIndex) -> str:
-    lines = [f"**{index.checkpoint}**, {index.split} split: {len(index.image_ids)} images, "
-             f"{len(index.captions)} captions in {', '.join(index.languages)}.",
-             "Ranks are the rank engine's expected 1-based ranks (tied candidates share the mean of "
-             "their places), the ones the run's metrics count."]
+    lines = [
+        f"**{index.checkpoint}**, {index.split} split: {len(index.image_ids)} images, "
+        f"{len(index.captions)} captions in {', '.join(index.languages)}.",
+        "Ranks are the rank engine's expected 1-based ranks (tied candidates share the mean of "
+        "their places), the ones the run's metrics count.",
+    ]
     if index.scorer_note:
         lines.append(f"Note: {index.scorer_note}.")
     return "\n\n".join(lines)
@@ -50,7 +60,9 @@ def build_app(index: RetrievalIndex, k: int = 10, query: str = "") -> gr.Blocks:
             hits = index.search(text, int(top))
         except ValueError as err:
             raise gr.Error(str(err)) from None
-        gallery = [(str(hit.path), f"#{hit.rank:g} {hit.image_id} ({hit.score:.4f})") for hit in hits]
+        gallery = [
+            (str(hit.path), f"#{hit.rank:g} {hit.image_id} ({hit.score:.4f})") for hit in hits
+        ]
         table = [[hit.rank, hit.image_id, hit.score] for hit in hits]
         return gallery, table
 
@@ -72,7 +84,9 @@ def build_app(index: RetrievalIndex, k: int = 10, query: str = "") -> gr.Blocks:
         gr.Markdown(header(index))
         with gr.Tab("Search"):
             query_box = gr.Textbox(
-                value=query, label=f"Query in any of the model's languages ({', '.join(index.languages)})")
+                value=query,
+                label=f"Query in any of the model's languages ({', '.join(index.languages)})",
+            )
             top = gr.Slider(1, largest_k, value=min(k, largest_k), step=1, label="k")
             go = gr.Button("Search", variant="primary")
             gallery = gr.Gallery(label="Top-k images", columns=5)
@@ -85,10 +99,13 @@ def build_app(index: RetrievalIndex, k: int = 10, query: str = "") -> gr.Blocks:
             language = gr.Dropdown(index.languages, value=index.languages[0], label="Language")
             # custom values: the choices follow the language picked in the page, and an API
             # caller names any caption by index (caption_ranks checks it)
-            caption = gr.Dropdown(caption_choices(index, index.languages[0]), label="Caption",
-                                  allow_custom_value=True)
+            caption = gr.Dropdown(
+                caption_choices(index, index.languages[0]), label="Caption", allow_custom_value=True
+            )
             image = gr.Image(label="Its image", type="filepath")
-            ranks = gr.Dataframe(headers=RANK_HEADERS, label="Its image's captions in every language")
+            ranks = gr.Dataframe(
+                headers=RANK_HEADERS, label="Its image's captions in every language"
+            )
             language.change(pick_language, language, caption, api_visibility="private")
             caption.change(caption_ranks, caption, [image, ranks], api_name="caption_ranks")
     return app
@@ -101,7 +118,14 @@ def image_folders(index: RetrievalIndex) -> list[str]:
 
 def launch(app: gr.Blocks, index: RetrievalIndex, host: str, port: int, block: bool = True) -> str:
     """Serve ``app`` on ``host:port``; returns its local URL (``block=False``: in a thread)."""
-    _, url, _ = app.launch(server_name=host, server_port=port, prevent_thread_lock=not block,
-                           allowed_paths=image_folders(index), theme=theme(), quiet=not block,
-                           footer_links=[], ssr_mode=False)
+    _, url, _ = app.launch(
+        server_name=host,
+        server_port=port,
+        prevent_thread_lock=not block,
+        allowed_paths=image_folders(index),
+        theme=theme(),
+        quiet=not block,
+        footer_links=[],
+        ssr_mode=False,
+    )
     return url

@@ -53,8 +53,10 @@ class TranslationRank:
     language: str
     caption: int
     text: str
-    image_rank: float    # text->image: expected 1-based rank of the caption's image for this caption
-    caption_rank: float  # image->text: rank of the image's best caption among this language's captions
+    image_rank: float  # text->image: expected 1-based rank of the caption's image for this caption
+    caption_rank: (
+        float  # image->text: rank of the image's best caption among this language's captions
+    )
 
 
 @dataclass
@@ -67,12 +69,12 @@ class RetrievalIndex:
     image_ids: list[str]
     image_paths: list[Path]
     captions: list[str]
-    caption_image: Tensor          # [T] image index of every caption
-    caption_language: list[str]    # [T]
+    caption_image: Tensor  # [T] image index of every caption
+    caption_language: list[str]  # [T]
     languages: list[str]
-    image_emb: Tensor              # [N, D]
-    text_emb: Tensor               # [T, D]
-    t2i_blocks: Tensor             # [T, 3] rank block of every caption's image
+    image_emb: Tensor  # [N, D]
+    text_emb: Tensor  # [T, D]
+    t2i_blocks: Tensor  # [T, 3] rank block of every caption's image
     i2t_blocks: dict[str, Tensor]  # language -> [N, 3]; -1 rows: the image has no caption there
     encode_queries: Callable[[list[str]], Tensor]
     chunk_size: int = 1024
@@ -86,8 +88,15 @@ class RetrievalIndex:
         engine: row j asks where image j lands among all images for this query."""
         count = len(self.image_ids)
         everyone = torch.arange(count)
-        return best_positive_rank(None, None, everyone, everyone, scores=scores[None].expand(count, count),
-                                  chunk_size=self.chunk_size, direction="t2i")
+        return best_positive_rank(
+            None,
+            None,
+            everyone,
+            everyone,
+            scores=scores[None].expand(count, count),
+            chunk_size=self.chunk_size,
+            direction="t2i",
+        )
 
     def search(self, text: str, k: int) -> list[Hit]:
         """The ``k`` best images for a typed query, in rank order."""
@@ -98,8 +107,10 @@ class RetrievalIndex:
         scores = self.image_scores(self.encode_queries([text])[0])
         ranks = self.image_ranks(scores)
         order = torch.argsort(ranks, stable=True)[:k].tolist()
-        return [Hit(float(ranks[i]) + 1.0, i, self.image_ids[i], self.image_paths[i], float(scores[i]))
-                for i in order]
+        return [
+            Hit(float(ranks[i]) + 1.0, i, self.image_ids[i], self.image_paths[i], float(scores[i]))
+            for i in order
+        ]
 
     def translations(self, caption: int) -> list[TranslationRank]:
         """Every caption of ``caption``'s image, in configured language order, with its ranks."""
@@ -107,25 +118,49 @@ class RetrievalIndex:
             raise ValueError(f"demo: caption {caption} out of range (0..{len(self.captions) - 1})")
         image = int(self.caption_image[caption])
         siblings = (self.caption_image == image).nonzero().squeeze(1).tolist()
-        caption_ranks = {lang: float(expected_rank(blocks[image:image + 1])[0]) + 1.0
-                         for lang, blocks in self.i2t_blocks.items()}
+        caption_ranks = {
+            lang: float(expected_rank(blocks[image : image + 1])[0]) + 1.0
+            for lang, blocks in self.i2t_blocks.items()
+        }
         image_ranks = expected_rank(self.t2i_blocks) + 1.0
-        rows = [TranslationRank(self.caption_language[c], c, self.captions[c], float(image_ranks[c]),
-                                caption_ranks[self.caption_language[c]]) for c in siblings]
+        rows = [
+            TranslationRank(
+                self.caption_language[c],
+                c,
+                self.captions[c],
+                float(image_ranks[c]),
+                caption_ranks[self.caption_language[c]],
+            )
+            for c in siblings
+        ]
         return sorted(rows, key=lambda row: (self.languages.index(row.language), row.caption))
 
 
-def language_rank_blocks(image_emb: Tensor, text_emb: Tensor, caption_image: Tensor,
-                         caption_language: Sequence[str], languages: Sequence[str], *,
-                         chunk_size: int, ndcg_k: int) -> tuple[Tensor, dict[str, Tensor]]:
+def language_rank_blocks(
+    image_emb: Tensor,
+    text_emb: Tensor,
+    caption_image: Tensor,
+    caption_language: Sequence[str],
+    languages: Sequence[str],
+    *,
+    chunk_size: int,
+    ndcg_k: int,
+) -> tuple[Tensor, dict[str, Tensor]]:
     """(t2i blocks [T, 3], language -> i2t blocks [N, 3]) per language, as the report ranks them:
     a language's captions are ranked only among the captions of that language."""
     t2i = torch.empty(len(caption_language), 3, dtype=torch.long)
     i2t = {}
     for lang in languages:
-        captions = torch.tensor([i for i, c in enumerate(caption_language) if c == lang], dtype=torch.long)
-        paired = paired_ranks(image_emb, text_emb[captions], caption_image[captions],
-                              chunk_size=chunk_size, ndcg_k=ndcg_k)
+        captions = torch.tensor(
+            [i for i, c in enumerate(caption_language) if c == lang], dtype=torch.long
+        )
+        paired = paired_ranks(
+            image_emb,
+            text_emb[captions],
+            caption_image[captions],
+            chunk_size=chunk_size,
+            ndcg_k=ndcg_k,
+        )
         t2i[captions] = paired.t2i_rank
         i2t[lang] = paired.i2t_rank
     return t2i, i2t
@@ -135,9 +170,15 @@ def language_rank_blocks(image_emb: Tensor, text_emb: Tensor, caption_image: Ten
 def encode_split(module, view, batch_size: int) -> tuple[Tensor, Tensor]:
     """(image embeddings [N, D], caption embeddings [T, D]) in index order, batched as evaluation
     batches them (``data.eval_batch_size``) so each embedding is the one the metrics scored."""
-    images = torch.cat([module.encode_images(b["images"]).float() for b in view.image_loader(batch_size)])
-    texts = torch.cat([module.encode_texts(b["input_ids"], b["attention_mask"]).float()
-                       for b in view.caption_loader(batch_size)])
+    images = torch.cat(
+        [module.encode_images(b["images"]).float() for b in view.image_loader(batch_size)]
+    )
+    texts = torch.cat(
+        [
+            module.encode_texts(b["input_ids"], b["attention_mask"]).float()
+            for b in view.caption_loader(batch_size)
+        ]
+    )
     return images, texts
 
 
@@ -161,8 +202,15 @@ def load_index(ckpt: Path, split: str = "test", overrides: Sequence[str] = ()) -
     view = data.eval_view(split)
     image_emb, text_emb = encode_split(module, view, int(cfg.data.eval_batch_size))
     chunk_size = int(cfg.evaluation.chunk_size)
-    t2i, i2t = language_rank_blocks(image_emb, text_emb, view.caption_image, view.caption_language,
-                                    view.languages, chunk_size=chunk_size, ndcg_k=int(cfg.evaluation.ndcg_k))
+    t2i, i2t = language_rank_blocks(
+        image_emb,
+        text_emb,
+        view.caption_image,
+        view.caption_language,
+        view.languages,
+        chunk_size=chunk_size,
+        ndcg_k=int(cfg.evaluation.ndcg_k),
+    )
     tokenizer, max_length = view.tokenizer, view.max_length
 
     @torch.no_grad()
@@ -171,12 +219,28 @@ def load_index(ckpt: Path, split: str = "test", overrides: Sequence[str] = ()) -
         return module.encode_texts(tokens["input_ids"], tokens["attention_mask"]).float()
 
     embeddings, scored = module.embedding_scorer, scorer_label(cfg)
-    note = (f"ranked by embedding similarity ({embeddings}); this run's evaluation scored with {scored} "
-            f"(its matching head), so compare with its eval/{split}-{embeddings} metrics") if scored != embeddings else None
+    note = (
+        (
+            f"ranked by embedding similarity ({embeddings}); this run's evaluation scored with {scored} "
+            f"(its matching head), so compare with its eval/{split}-{embeddings} metrics"
+        )
+        if scored != embeddings
+        else None
+    )
     return RetrievalIndex(
-        checkpoint=Path(ckpt), split=split, scorer_note=note, image_ids=list(view.image_ids),
-        image_paths=list(view.image_paths), captions=list(view.captions),
-        caption_image=view.caption_image.clone(), caption_language=list(view.caption_language),
-        languages=list(view.languages), image_emb=image_emb, text_emb=text_emb, t2i_blocks=t2i,
-        i2t_blocks=i2t, encode_queries=encode_queries, chunk_size=chunk_size,
+        checkpoint=Path(ckpt),
+        split=split,
+        scorer_note=note,
+        image_ids=list(view.image_ids),
+        image_paths=list(view.image_paths),
+        captions=list(view.captions),
+        caption_image=view.caption_image.clone(),
+        caption_language=list(view.caption_language),
+        languages=list(view.languages),
+        image_emb=image_emb,
+        text_emb=text_emb,
+        t2i_blocks=t2i,
+        i2t_blocks=i2t,
+        encode_queries=encode_queries,
+        chunk_size=chunk_size,
     )

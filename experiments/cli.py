@@ -13,7 +13,7 @@ import logging
 import os
 import sys
 import warnings
-from typing import Callable, Sequence
+from collections.abc import Callable, Sequence
 
 from experiments.trainer import TrainingDiverged
 
@@ -30,11 +30,11 @@ STORAGE_ADVICE = {
 
 # Lightning / torch messages that are advice to library authors or tips, not about the run.
 QUIET_WARNINGS = (
-    r".*LeafSpec.*",                                       # torch pytree deprecation inside Lightning
-    r".*weights_only.*",                                   # torch.load notice (the suite loads weights only)
-    r".*sync_dist=True.*",                                 # per-key advice at every DDP evaluation
+    r".*LeafSpec.*",  # torch pytree deprecation inside Lightning
+    r".*weights_only.*",  # torch.load notice (the suite loads weights only)
+    r".*sync_dist=True.*",  # per-key advice at every DDP evaluation
 )
-QUIET_LOG_LINES = ("litlogger",)                           # Lightning's logging-service tip
+QUIET_LOG_LINES = ("litlogger",)  # Lightning's logging-service tip
 
 
 class _DropLines(logging.Filter):

@@ -45,8 +45,10 @@ def _main(args: list[str]) -> None:
                 argv.append("ckpt_path=last")
             else:
                 print(f"train {method} seed {seed}", flush=True)
-            done = subprocess.run([sys.executable, "-m", "experiments.train", *argv],
-                                  cwd=Path(__file__).resolve().parents[1])
+            done = subprocess.run(
+                [sys.executable, "-m", "experiments.train", *argv],
+                cwd=Path(__file__).resolve().parents[1],
+            )
             if done.returncode:
                 raise SystemExit(done.returncode)
 

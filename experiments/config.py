@@ -8,8 +8,9 @@ type, shape or sign fails here, naming the key, before anything runs.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence, cast
+from typing import cast
 
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
@@ -60,10 +61,17 @@ def _merge(cfg: DictConfig, other, source: str) -> DictConfig:
         key = getattr(err, "full_key", None) or str(err).splitlines()[0]
         parent = key.rsplit(".", 1)[0] if "." in key else None
         node = OmegaConf.select(cfg, parent) if parent else cfg
-        known = ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else ""
-        where = "" if source == "command line" else f" in {source} (declare it in experiments/schema.py)"
-        raise ConfigError(f"unknown config key '{key}'{where}"
-                          + (f"; keys here: {known}" if known else "")) from None
+        known = (
+            ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else ""
+        )
+        where = (
+            ""
+            if source == "command line"
+            else f" in {source} (declare it in experiments/schema.py)"
+        )
+        raise ConfigError(
+            f"unknown config key '{key}'{where}" + (f"; keys here: {known}" if known else "")
+        ) from None
     except ValidationError as err:
         key = getattr(err, "full_key", None) or "?"
         reason = str(err).splitlines()[0]
@@ -127,8 +135,10 @@ def label_lit(cfg: DictConfig) -> None:
     if cfg.variant is None:
         cfg.variant = "lit"
     elif "lit" not in str(cfg.variant).split("+"):
-        raise ConfigError(f"method.lit=true runs {cfg.method.name} with a frozen image tower; "
-                          f"variant={cfg.variant} would hide it (use variant=lit or lit+<label>)")
+        raise ConfigError(
+            f"method.lit=true runs {cfg.method.name} with a frozen image tower; "
+            f"variant={cfg.variant} would hide it (use variant=lit or lit+<label>)"
+        )
 
 
 def fit_mrv_languages(cfg: DictConfig, explicit: bool) -> None:
@@ -147,9 +157,11 @@ def fit_mrv_languages(cfg: DictConfig, explicit: bool) -> None:
     if not outside:
         return
     if explicit:
-        raise ConfigError(f"data.mrv_languages={[str(x) for x in mrv]} names "
-                          f"{', '.join(outside)}, which data.languages={languages} does not "
-                          "evaluate; list a subset of data.languages, or null for all of them")
+        raise ConfigError(
+            f"data.mrv_languages={[str(x) for x in mrv]} names "
+            f"{', '.join(outside)}, which data.languages={languages} does not "
+            "evaluate; list a subset of data.languages, or null for all of them"
+        )
     kept = [str(lang) for lang in mrv if lang in languages]
     data.mrv_languages = kept or None
 
@@ -167,13 +179,16 @@ def check_run_protocol(cfg: DictConfig) -> None:
         return
     ran = method.get("run_protocol")
     if ran is not None and ran != cfg.protocol:
-        raise ConfigError(f"method.run_protocol={ran} differs from protocol={cfg.protocol}, the "
-                          "label the run records; set protocol= alone")
+        raise ConfigError(
+            f"method.run_protocol={ran} differs from protocol={cfg.protocol}, the "
+            "label the run records; set protocol= alone"
+        )
     if ran is None and cfg.protocol != DEFAULT_PROTOCOL:
         raise ConfigError(
             f"protocol={cfg.protocol}: {method.get('name')} has no protocols of its own; it "
             f"trains on every language of data.languages, recorded as protocol={DEFAULT_PROTOCOL} "
-            "(mclip and rc3 train by protocol)")
+            "(mclip and rc3 train by protocol)"
+        )
 
 
 def check_select_on(cfg: DictConfig) -> None:
@@ -184,13 +199,19 @@ def check_select_on(cfg: DictConfig) -> None:
     if key is None:
         return
     e = cfg.evaluation
-    known = metrics.report_keys(list(cfg.data.languages), ks=list(e.ks), ndcg_k=e.ndcg_k,
-                                unimodal_ndcg_ks=list(e.unimodal_ndcg_ks),
-                                graded=cfg.data.name == "synthetic")
+    known = metrics.report_keys(
+        list(cfg.data.languages),
+        ks=list(e.ks),
+        ndcg_k=e.ndcg_k,
+        unimodal_ndcg_ks=list(e.unimodal_ndcg_ks),
+        graded=cfg.data.name == "synthetic",
+    )
     if key not in known:
         examples = [k for k in known if k.endswith(("/mR", "/R@1", "/MeanR", "all/MRV"))]
-        raise ConfigError(f"evaluation.select_on={key} is not a key of the validation report; "
-                          f"e.g. {', '.join(['mR', *examples[:6]])} (docs/metrics.md)")
+        raise ConfigError(
+            f"evaluation.select_on={key} is not a key of the validation report; "
+            f"e.g. {', '.join(['mR', *examples[:6]])} (docs/metrics.md)"
+        )
     try:
         metrics.better_direction(key)
     except ValueError as err:

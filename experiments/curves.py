@@ -64,8 +64,10 @@ def run_curve(stage_folders: Sequence[tuple[str, Path]], stage_steps: Mapping[st
     """The run's ``learning_curve`` from its stages' files, steps counted over the whole run."""
     points, offset = [], 0
     for name, folder in stage_folders:
-        points += [{"stage": name, "step": offset + p["step"], "value": p["value"]}
-                   for p in read_stage_curve(folder)]
+        points += [
+            {"stage": name, "step": offset + p["step"], "value": p["value"]}
+            for p in read_stage_curve(folder)
+        ]
         offset += int(stage_steps.get(name, 0))
     return {"metric": f"val/{CURVE_METRIC}", "points": points}
 
@@ -79,10 +81,16 @@ def check_curve(result: Mapping, path: str) -> None:
     if not isinstance(points, list):  # a malformed file is bad input like any other: ValueError
         raise ValueError(f"{path}: learning_curve has no 'points' list")  # noqa: TRY004
     for i, point in enumerate(points):
-        if not (isinstance(point, Mapping) and isinstance(point.get("step"), int)
-                and isinstance(point.get("value"), (int, float)) and math.isfinite(point["value"])):
-            raise ValueError(f"{path}: learning_curve.points[{i}] needs an integer 'step' and a finite "
-                             f"'value', got {point!r}")
+        if not (
+            isinstance(point, Mapping)
+            and isinstance(point.get("step"), int)
+            and isinstance(point.get("value"), (int, float))
+            and math.isfinite(point["value"])
+        ):
+            raise ValueError(
+                f"{path}: learning_curve.points[{i}] needs an integer 'step' and a finite "
+                f"'value', got {point!r}"
+            )
 
 
 def last_fifth_rise(result: Mapping) -> float | None:
@@ -116,8 +124,10 @@ def row_rise(members: Sequence[Mapping]) -> tuple[float | None, int]:
 
 def mean_curve(members: Sequence[Mapping]) -> tuple[list[int], list[float], list[float]] | None:
     """Steps every seed validated at, with the mean and population std of val mR there."""
-    curves = [{p["step"]: p["value"] for p in (m.get("learning_curve") or {}).get("points") or []}
-              for m in members]
+    curves = [
+        {p["step"]: p["value"] for p in (m.get("learning_curve") or {}).get("points") or []}
+        for m in members
+    ]
     curves = [c for c in curves if c]
     if not curves:
         return None

@@ -40,8 +40,9 @@ def unbuilt_sections(cfg: DictConfig) -> tuple[str, ...]:
     ships ROI features or the visual input is patches only (``methods/rc3.py``), mCLIP's trained
     teacher when ``teacher`` is not among its stages (``methods/mclip.py``)."""
     method = cfg.method
-    if method.get("name") == "rc3" and (cfg.data.get("roi_features") is not None
-                                        or method.visual.strict_input == "patch"):
+    if method.get("name") == "rc3" and (
+        cfg.data.get("roi_features") is not None or method.visual.strict_input == "patch"
+    ):
         return ("method.visual.regions",)
     if method.get("name") == "mclip" and "teacher" not in method.stages:
         return ("method.teacher.clip",)
@@ -59,19 +60,25 @@ def check_world_encoders(cfg: DictConfig) -> None:
     if cfg.data.name == "synthetic" and cfg.data.get("backbones") is not None:
         return
     unbuilt = unbuilt_sections(cfg)
-    keys = [key for key in world_keys(cfg.method) if not key.startswith(tuple(f"{u}." for u in unbuilt))]
+    keys = [
+        key for key in world_keys(cfg.method) if not key.startswith(tuple(f"{u}." for u in unbuilt))
+    ]
     if not keys:
         return
     preset, data = cfg.preset.method, cfg.preset.data
     paper = f"{preset}_paper"
-    use_paper = (f"use METHOD={paper} (the paper's real encoders, loaded from local folders named "
-                 "on the command line: docs/datasets.md) or "
-                 if (CONFIG_DIR / "method" / f"{paper}.yaml").exists() else "")
+    use_paper = (
+        f"use METHOD={paper} (the paper's real encoders, loaded from local folders named "
+        "on the command line: docs/datasets.md) or "
+        if (CONFIG_DIR / "method" / f"{paper}.yaml").exists()
+        else ""
+    )
     raise ConfigError(
         f"{', '.join(f'{k}={WORLD}' for k in keys)}: the synthetic world's pretrained backbones, "
         f"which data={data} does not provide (only data=synthetic with data.backbones set); "
         f"{use_paper}set each key to a real model (timm:<model>, hf:<local folder>, "
-        "open_clip:<model>) or tiny (random init)")
+        "open_clip:<model>) or tiny (random init)"
+    )
 
 
 def pretrained_hf_sections(section: Any, prefix: str = "method") -> Iterator[tuple[str, str]]:
@@ -80,8 +87,12 @@ def pretrained_hf_sections(section: Any, prefix: str = "method") -> Iterator[tup
     if not isinstance(section, DictConfig):
         return
     name = section.get("name")
-    if (isinstance(name, str) and name.startswith("hf:") and section.get("config") is None
-            and section.get("pretrained") is not False):
+    if (
+        isinstance(name, str)
+        and name.startswith("hf:")
+        and section.get("config") is None
+        and section.get("pretrained") is not False
+    ):
         yield f"{prefix}.name", name.removeprefix("hf:")
     for key, value in section.items():
         yield from pretrained_hf_sections(value, f"{prefix}.{key}")
@@ -94,6 +105,8 @@ def check_text_tokenizer(cfg: DictConfig) -> None:
     unbuilt = tuple(f"{u}." for u in unbuilt_sections(cfg))
     for key, model in pretrained_hf_sections(cfg.method):
         if not key.startswith(unbuilt):
-            raise ConfigError(f"{key}=hf:{model} reads the token ids of its own tokenizer, but "
-                              "data.tokenizer.name=offline (the suite's BPE); set "
-                              f"data.tokenizer.name={model} (or its local folder)")
+            raise ConfigError(
+                f"{key}=hf:{model} reads the token ids of its own tokenizer, but "
+                "data.tokenizer.name=offline (the suite's BPE); set "
+                f"data.tokenizer.name={model} (or its local folder)"
+            )

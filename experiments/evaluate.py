@@ -10,8 +10,8 @@ differs, and no evaluation overwrites another's record. The checkpoint is loaded
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import DictConfig, OmegaConf
 
@@ -20,7 +20,12 @@ from experiments import cli
 from experiments.config import ConfigError, apply_overrides, typed
 from experiments.runs import check_checkpoint_method, load_checkpoint, scorer_label, write_metrics
 from experiments.train import StageData, build_datamodule, last_report, stages_of
-from experiments.trainer import build_trainer, check_accelerator, configure_matmul_precision, configure_threads
+from experiments.trainer import (
+    build_trainer,
+    check_accelerator,
+    configure_matmul_precision,
+    configure_threads,
+)
 
 
 def find_run_dir(ckpt: Path) -> Path:
@@ -28,7 +33,9 @@ def find_run_dir(ckpt: Path) -> Path:
     for parent in ckpt.resolve().parents:
         if (parent / "config.yaml").exists():
             return parent
-    raise ConfigError(f"no config.yaml above checkpoint {ckpt}; was it written by experiments.train?")
+    raise ConfigError(
+        f"no config.yaml above checkpoint {ckpt}; was it written by experiments.train?"
+    )
 
 
 def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> dict[str, float]:
@@ -48,7 +55,9 @@ def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> 
     module = stage.build(None)
     module.load_state_dict(state)
     _, first = parse_split(cfg.data.splits.get(split), f"data.splits.{split}")
-    limits = [n for n in (first, cfg.evaluation.max_images) if n is not None]  # both cut as [:N] does
+    limits = [
+        n for n in (first, cfg.evaluation.max_images) if n is not None
+    ]  # both cut as [:N] does
     name = f"{split}{f'-first{min(limits)}' if limits else ''}-{scorer_label(cfg)}"  # never the full split's folder
     trainer = build_trainer(cfg, run_dir, run_dir / "eval" / name)
     loaders = StageData(data, stage)
@@ -58,8 +67,14 @@ def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> 
         trainer.validate(module, datamodule=loaders, verbose=False)
     report = last_report(module, stage)
     if trainer.is_global_zero:
-        write_metrics(run_dir / "eval" / name / "metrics.json", cfg, report,
-                      split=split, run_id=run_dir.name, checkpoint=str(ckpt))
+        write_metrics(
+            run_dir / "eval" / name / "metrics.json",
+            cfg,
+            report,
+            split=split,
+            run_id=run_dir.name,
+            checkpoint=str(ckpt),
+        )
     return report
 
 
@@ -68,7 +83,9 @@ def _main(args: list[str]) -> None:
     split = next((a.split("=", 1)[1] for a in args if a.startswith("split=")), "test")
     rest = [a for a in args if not a.startswith(("ckpt=", "split="))]
     if ckpt is None:
-        raise ConfigError("usage: python -m experiments.evaluate ckpt=PATH [split=val|test] [key=value ...]")
+        raise ConfigError(
+            "usage: python -m experiments.evaluate ckpt=PATH [split=val|test] [key=value ...]"
+        )
     report = evaluate(Path(ckpt), rest, split)
     print(f"mR={report['mR']:.2f}")
 

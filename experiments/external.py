@@ -25,9 +25,10 @@ from __future__ import annotations
 import math
 import re
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
@@ -71,43 +72,72 @@ class ModelSpec:
     image_model: str | None = None
 
     @classmethod
-    def parse(cls, model: str, pretrained: str | None, revision: str | None = None,
-              remote_code: bool = False) -> "ModelSpec":
+    def parse(
+        cls,
+        model: str,
+        pretrained: str | None,
+        revision: str | None = None,
+        remote_code: bool = False,
+    ) -> ModelSpec:
         pretrained, revision = pretrained or None, revision or None
         if model.startswith(zoo.PREFIX):
             if pretrained is not None or remote_code:
-                raise ConfigError(f"model={model!r}: a zoo entry sets its own weights and loader; "
-                                  "leave pretrained= and remote_code= out")
+                raise ConfigError(
+                    f"model={model!r}: a zoo entry sets its own weights and loader; "
+                    "leave pretrained= and remote_code= out"
+                )
             return cls.from_zoo(zoo.entry(model.removeprefix(zoo.PREFIX)), revision)
         library, sep, name = model.partition(":")
         if not sep or library not in ("open_clip", "hf") or not name:
-            raise ConfigError(f"model={model!r}: expected open_clip:<arch>, hf:<name or path> or "
-                              "zoo:<name>")
+            raise ConfigError(
+                f"model={model!r}: expected open_clip:<arch>, hf:<name or path> or zoo:<name>"
+            )
         schema = name.startswith(("local-dir:", "hf-hub:"))
         if library == "open_clip" and not schema and pretrained is None:
-            raise ConfigError(f"model={model!r} needs pretrained=<tag or weights file>; without it "
-                              "open_clip builds random weights")
+            raise ConfigError(
+                f"model={model!r} needs pretrained=<tag or weights file>; without it "
+                "open_clip builds random weights"
+            )
         if (library == "hf" or schema) and pretrained is not None:
-            raise ConfigError(f"model={model!r} brings its own weights; pretrained={pretrained!r} "
-                              "would be ignored: leave it out")
+            raise ConfigError(
+                f"model={model!r} brings its own weights; pretrained={pretrained!r} "
+                "would be ignored: leave it out"
+            )
         if library == "open_clip" and revision is not None:
-            raise ConfigError(f"model={model!r}: revision= pins a Hugging Face model; open_clip "
-                              "resolves its tags itself")
+            raise ConfigError(
+                f"model={model!r}: revision= pins a Hugging Face model; open_clip "
+                "resolves its tags itself"
+            )
         spec = cls(library, name, pretrained, revision, remote_code)
         spec.to_dual()  # the remote-code rule: a one-line error before anything loads
         return spec
 
     @classmethod
-    def from_zoo(cls, entry: "zoo.ZooEntry", revision: str | None = None) -> "ModelSpec":
+    def from_zoo(cls, entry: zoo.ZooEntry, revision: str | None = None) -> ModelSpec:
         dual = entry.spec(revision)
-        return cls(dual.library, dual.model, dual.pretrained, dual.revision, dual.remote_code,
-                   dual.text_length, zoo=entry.name, image_model=dual.image_model)
+        return cls(
+            dual.library,
+            dual.model,
+            dual.pretrained,
+            dual.revision,
+            dual.remote_code,
+            dual.text_length,
+            zoo=entry.name,
+            image_model=dual.image_model,
+        )
 
     def to_dual(self) -> DualSpec:
         """The loading settings (a one-line error for remote code without a revision)."""
         try:
-            return DualSpec(self.library, self.name, self.pretrained, self.revision,
-                            self.remote_code, self.text_length, self.image_model)
+            return DualSpec(
+                self.library,
+                self.name,
+                self.pretrained,
+                self.revision,
+                self.remote_code,
+                self.text_length,
+                self.image_model,
+            )
         except PretrainedModelError as err:
             raise ConfigError(str(err)) from None
 
@@ -121,9 +151,14 @@ class ModelSpec:
         """A folder name for the model and its weights."""
         if self.zoo:
             return re.sub(r"[^A-Za-z0-9._-]+", "-", f"zoo-{self.zoo}").strip("-")
-        parts = [self.library, Path(self.name.split(":")[-1]).name or self.name, self.pretrained or ""]
-        text = "-".join(Path(p).name if p.endswith((".pt", ".bin", ".safetensors")) else p
-                        for p in parts if p)
+        parts = [
+            self.library,
+            Path(self.name.split(":")[-1]).name or self.name,
+            self.pretrained or "",
+        ]
+        text = "-".join(
+            Path(p).name if p.endswith((".pt", ".bin", ".safetensors")) else p for p in parts if p
+        )
         return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-")
 
 
@@ -155,8 +190,12 @@ class PretrainedEncoder:
 
     def encode_texts(self, texts: list[str], language: str) -> Tensor:
         tokens = self.io.tokenize(texts, language)
-        return F.normalize(self.text(tokens["input_ids"].to(self.device),
-                                     tokens["attention_mask"].to(self.device)).float(), dim=-1)
+        return F.normalize(
+            self.text(
+                tokens["input_ids"].to(self.device), tokens["attention_mask"].to(self.device)
+            ).float(),
+            dim=-1,
+        )
 
 
 def load_encoder(spec: ModelSpec, device: torch.device) -> PretrainedEncoder:
@@ -167,9 +206,11 @@ def load_encoder(spec: ModelSpec, device: torch.device) -> PretrainedEncoder:
         raise ConfigError(str(err)) from None
     except (OSError, RuntimeError, KeyError, ValueError) as err:
         reason = " ".join(str(err).split())[:300]
-        raise ConfigError(f"cannot load {spec.label}"
-                          + (f" pretrained={spec.pretrained}" if spec.pretrained else "")
-                          + f": {type(err).__name__}: {reason}") from None
+        raise ConfigError(
+            f"cannot load {spec.label}"
+            + (f" pretrained={spec.pretrained}" if spec.pretrained else "")
+            + f": {type(err).__name__}: {reason}"
+        ) from None
 
 
 class _OpenedImages:
@@ -183,19 +224,29 @@ class _OpenedImages:
         for _, path in items:
             with Image.open(path) as image:
                 images.append(image.convert("RGB"))
-        return {"pixels": self.encoder.preprocess(images),
-                "index": torch.tensor([i for i, _ in items], dtype=torch.long)}
+        return {
+            "pixels": self.encoder.preprocess(images),
+            "index": torch.tensor([i for i, _ in items], dtype=torch.long),
+        }
 
 
 @torch.no_grad()
-def encode(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: int, num_workers: int,
-           evaluation: metrics.RetrievalEvaluation) -> None:
+def encode(
+    encoder: DualEncoder,
+    evaluated: EvaluatedSet,
+    batch_size: int,
+    num_workers: int,
+    evaluation: metrics.RetrievalEvaluation,
+) -> None:
     """Encode every image and caption into ``evaluation`` (by index) and into ``evaluated``."""
     # torch's stub asks for a Dataset; a list is the map-style dataset DataLoader documents.
     items = list(enumerate(evaluated.image_paths))
     loader: DataLoader[tuple[int, str]] = DataLoader(
-        items, batch_size=batch_size,  # type: ignore[arg-type]
-        num_workers=num_workers, collate_fn=_OpenedImages(encoder))
+        items,
+        batch_size=batch_size,  # type: ignore[arg-type]
+        num_workers=num_workers,
+        collate_fn=_OpenedImages(encoder),
+    )
     image_rows = []
     for batch in loader:
         emb = encoder.encode_images(batch["pixels"]).cpu()
@@ -203,9 +254,11 @@ def encode(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: int, num_w
         image_rows.append(emb)
     text_rows = []
     for lang in evaluated.languages:  # one language per batch: NLLB tokenizers need to know it
-        rows = [i for i, caption_lang in enumerate(evaluated.caption_language) if caption_lang == lang]
+        rows = [
+            i for i, caption_lang in enumerate(evaluated.caption_language) if caption_lang == lang
+        ]
         for start in range(0, len(rows), batch_size):
-            index = rows[start:start + batch_size]
+            index = rows[start : start + batch_size]
             emb = encoder.encode_texts([evaluated.captions[i] for i in index], lang).cpu()
             evaluation.update("captions", torch.tensor(index, dtype=torch.long), emb)
             text_rows.append((index, emb))
@@ -228,18 +281,23 @@ def batch_invariance(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: 
     opened = _OpenedImages(encoder)
     diffs = []
     for start in range(0, len(images), INVARIANCE_BATCH):
-        chunk = images[start:start + INVARIANCE_BATCH]
+        chunk = images[start : start + INVARIANCE_BATCH]
         pixels = opened([(i, evaluated.image_paths[i]) for i in chunk])["pixels"]
         diffs.append((encoder.encode_images(pixels).cpu() - evaluated.image_emb[chunk]).abs().max())
     for start in range(0, len(captions), INVARIANCE_BATCH):
-        chunk = captions[start:start + INVARIANCE_BATCH]
+        chunk = captions[start : start + INVARIANCE_BATCH]
         emb = encoder.encode_texts([evaluated.captions[i] for i in chunk], language).cpu()
         diffs.append((emb - evaluated.text_emb[chunk]).abs().max())
     worst = torch.stack(diffs).max().item() if diffs else 0.0
     invariant = bool(worst <= INVARIANCE_ATOL)  # NaN (a batch of one under batch statistics) fails
-    return {"batch_sizes": [batch_size, INVARIANCE_BATCH], "images": len(images),
-            "captions": len(captions), "max_abs_diff": None if math.isnan(worst) else worst,
-            "tolerance": INVARIANCE_ATOL, "invariant": invariant}
+    return {
+        "batch_sizes": [batch_size, INVARIANCE_BATCH],
+        "images": len(images),
+        "captions": len(captions),
+        "max_abs_diff": None if math.isnan(worst) else worst,
+        "tolerance": INVARIANCE_ATOL,
+        "invariant": invariant,
+    }
 
 
 def read_test_set(cfg: DictConfig) -> tuple[EvaluatedSet, Tensor | None]:
@@ -248,8 +306,9 @@ def read_test_set(cfg: DictConfig) -> tuple[EvaluatedSet, Tensor | None]:
     data = CCRDataModule(cfg.data, seed=cfg.seed, eval_max_images=cfg.evaluation.max_images)
     records = data.records("test")
     mrv = None if cfg.data.mrv_languages is None else [str(x) for x in cfg.data.mrv_languages]
-    evaluated = EvaluatedSet.from_records(records, [str(x) for x in cfg.data.languages],
-                                          data.image_root, mrv)
+    evaluated = EvaluatedSet.from_records(
+        records, [str(x) for x in cfg.data.languages], data.image_root, mrv
+    )
     relevance = None
     if records and all("scene" in r.extras for r in records):
         relevance = relevance_matrix([Scene.from_json(r.extras["scene"]) for r in records])
@@ -259,10 +318,17 @@ def read_test_set(cfg: DictConfig) -> tuple[EvaluatedSet, Tensor | None]:
 def external_config(spec: ModelSpec, overrides: Sequence[str]) -> DictConfig:
     """The run configuration: the data preset and overrides, the model in the ``method`` section."""
     cfg = compose([*overrides, "method=clip"])  # the method preset is replaced below
-    cfg.method = {"name": "external", "library": spec.library, "model": spec.name,
-                  "pretrained": spec.pretrained, "revision": spec.revision,
-                  "remote_code": spec.remote_code, "text_length": spec.text_length, "zoo": spec.zoo,
-                  "image_model": spec.image_model}
+    cfg.method = {
+        "name": "external",
+        "library": spec.library,
+        "model": spec.name,
+        "pretrained": spec.pretrained,
+        "revision": spec.revision,
+        "remote_code": spec.remote_code,
+        "text_length": spec.text_length,
+        "zoo": spec.zoo,
+        "image_model": spec.image_model,
+    }
     cfg.protocol = PROTOCOL
     cfg.preset.method = spec.slug  # the run folder: <run_dir>/<data>/<slug>/<run_id>
     return cfg
@@ -272,7 +338,9 @@ def score_external(spec: ModelSpec, overrides: Sequence[str] = (), device: str =
     """Score ``spec`` on the configured test split; return the run folder it wrote."""
     cfg = external_config(spec, overrides)
     started = time.perf_counter()
-    target = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device)
+    target = torch.device(
+        ("cuda" if torch.cuda.is_available() else "cpu") if device == "auto" else device
+    )
     with claim_run_dir(cfg) as run_dir:
         evaluated, relevance = read_test_set(cfg)
         encoder = load_encoder(spec, target)
@@ -280,39 +348,79 @@ def score_external(spec: ModelSpec, overrides: Sequence[str] = (), device: str =
         batch_size = int(cfg.data.eval_batch_size)
         encode(encoder, evaluated, batch_size, int(cfg.data.num_workers), evaluation)
         report = evaluation.compute(
-            caption_image=evaluated.caption_image, caption_language=evaluated.caption_language,
-            image_ids=evaluated.image_ids, image_relevance=relevance,
-            mrv_languages=evaluated.mrv_languages)
+            caption_image=evaluated.caption_image,
+            caption_language=evaluated.caption_language,
+            image_ids=evaluated.image_ids,
+            image_relevance=relevance,
+            mrv_languages=evaluated.mrv_languages,
+        )
         invariance = batch_invariance(encoder, evaluated, batch_size)
         evaluated.save(run_dir / EMBEDDINGS)
-        write_atomic(run_dir / "metrics.json", strict_json(external_record(
-            cfg, spec, report, revision=encoder.revision, batch_invariance=invariance,
-            run_id=run_dir.name, device=str(target),
-            wall_time_s=round(time.perf_counter() - started, 1))))
+        write_atomic(
+            run_dir / "metrics.json",
+            strict_json(
+                external_record(
+                    cfg,
+                    spec,
+                    report,
+                    revision=encoder.revision,
+                    batch_invariance=invariance,
+                    run_id=run_dir.name,
+                    device=str(target),
+                    wall_time_s=round(time.perf_counter() - started, 1),
+                )
+            ),
+        )
     print(f"metrics: {run_dir / 'metrics.json'}  mR={report['mR']:.2f}")
     if not invariance["invariant"]:
-        print(f"warning: {spec.label} embeds an item differently in a batch of {batch_size} and "
-              f"alone (max difference {invariance['max_abs_diff']}); its row is marked batch-dependent")
+        print(
+            f"warning: {spec.label} embeds an item differently in a batch of {batch_size} and "
+            f"alone (max difference {invariance['max_abs_diff']}); its row is marked batch-dependent"
+        )
     return run_dir
 
 
-def external_record(cfg: DictConfig, spec: ModelSpec, report: dict[str, float], *,
-                    revision: str | None, batch_invariance: dict, **facts) -> dict:
+def external_record(
+    cfg: DictConfig,
+    spec: ModelSpec,
+    report: dict[str, float],
+    *,
+    revision: str | None,
+    batch_invariance: dict,
+    **facts,
+) -> dict:
     """``metrics.json`` of an external model: the fields every run records, plus ``external``
     (library, model, weights tag, the hub commit loaded, whether its own code ran, the zoo entry,
     the evaluation batch sizes and the batch-size check)."""
     return run_record(
-        cfg, report, method=spec.label, protocol=PROTOCOL, scorer=SCORER, split="test",
-        external={"library": spec.library, "model": spec.name, "pretrained": spec.pretrained,
-                  "revision": revision, "remote_code": spec.remote_code, "zoo": spec.zoo,
-                  "image_model": spec.image_model, "batch_invariance": batch_invariance},
+        cfg,
+        report,
+        method=spec.label,
+        protocol=PROTOCOL,
+        scorer=SCORER,
+        split="test",
+        external={
+            "library": spec.library,
+            "model": spec.name,
+            "pretrained": spec.pretrained,
+            "revision": revision,
+            "remote_code": spec.remote_code,
+            "zoo": spec.zoo,
+            "image_model": spec.image_model,
+            "batch_invariance": batch_invariance,
+        },
         **facts,
     )
 
 
 def _main(args: list[str]) -> None:
-    options = {"model": None, "pretrained": None, "revision": None, "remote_code": "false",
-               "device": "auto"}
+    options = {
+        "model": None,
+        "pretrained": None,
+        "revision": None,
+        "remote_code": "false",
+        "device": "auto",
+    }
     rest = []
     for arg in args:
         key, sep, value = arg.partition("=")
@@ -321,13 +429,19 @@ def _main(args: list[str]) -> None:
         else:
             rest.append(arg)
     if not options.get("model"):
-        raise ConfigError("usage: python -m experiments.external model=open_clip:<arch> "
-                          "pretrained=<tag> | model=hf:<name or path> [revision=<commit> "
-                          "remote_code=true] | model=zoo:<name> [data=...] [key=value ...]")
+        raise ConfigError(
+            "usage: python -m experiments.external model=open_clip:<arch> "
+            "pretrained=<tag> | model=hf:<name or path> [revision=<commit> "
+            "remote_code=true] | model=zoo:<name> [data=...] [key=value ...]"
+        )
     if options["remote_code"] not in ("true", "false"):
         raise ConfigError(f"remote_code={options['remote_code']!r}: expected true or false")
-    spec = ModelSpec.parse(options["model"], options["pretrained"], options["revision"],
-                           options["remote_code"] == "true")
+    spec = ModelSpec.parse(
+        options["model"],
+        options["pretrained"],
+        options["revision"],
+        options["remote_code"] == "true",
+    )
     score_external(spec, rest, options["device"])
 
 

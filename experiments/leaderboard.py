@@ -55,13 +55,21 @@ def load_results(runs: Path, split: str = "test") -> list[dict]:
         if "config" in result:
             result["config"] = as_current_code_reads(result["config"], path)
             result["config_fingerprint"] = config_fingerprint(result["config"])
-            if not result.get("external"):  # labels as the current code names the scorer (RC3's probe)
+            if not result.get(
+                "external"
+            ):  # labels as the current code names the scorer (RC3's probe)
                 result["scorer"] = scorer_label(result["config"])
         elif "config_fingerprint" not in result:
             raise ValueError(f"{path}: has neither config_fingerprint nor config")
         result["_path"], result["_mtime"] = str(path), path.stat().st_mtime
-        key = (result["method"], result["data"], result.get("run_id", str(path.parent)),
-               result["scorer"], result["config_fingerprint"], _protocol_key(result))
+        key = (
+            result["method"],
+            result["data"],
+            result.get("run_id", str(path.parent)),
+            result["scorer"],
+            result["config_fingerprint"],
+            _protocol_key(result),
+        )
         if key not in latest or result["_mtime"] > latest[key]["_mtime"]:
             latest[key] = result
     return list(latest.values())
@@ -84,7 +92,9 @@ def read_result(path: Path) -> dict:
         raise ValueError(f"{path}: missing field(s) {', '.join(missing)}")
     for key in FAMILY:
         if not isinstance(result[key], str):
-            raise ValueError(f"{path}: field '{key}' must be a string, got {type(result[key]).__name__}")
+            raise ValueError(
+                f"{path}: field '{key}' must be a string, got {type(result[key]).__name__}"
+            )
     seed = result["seed"]
     if isinstance(seed, bool) or not isinstance(seed, int) or seed < 0:
         raise ValueError(f"{path}: field 'seed' must be a whole number >= 0, got {seed!r}")
@@ -92,11 +102,14 @@ def read_result(path: Path) -> dict:
     if not isinstance(metrics, dict):
         raise ValueError(f"{path}: field 'metrics' must be an object, got {type(metrics).__name__}")
     if not metrics:
-        raise ValueError(f"{path}: field 'metrics' holds no metric; a run without scores is no seed")
+        raise ValueError(
+            f"{path}: field 'metrics' holds no metric; a run without scores is no seed"
+        )
     for name, value in metrics.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ValueError(f"{path}: field 'metrics.{name}' must be a number, "
-                             f"got {type(value).__name__}")
+            raise ValueError(
+                f"{path}: field 'metrics.{name}' must be a number, got {type(value).__name__}"
+            )
     return result
 
 
@@ -134,18 +147,25 @@ def _sliced_splits(settings: dict | None) -> list[str]:
     """``data.splits.<role>=name[:N]`` and ``evaluation.max_images=N`` settings: a row scored on
     part of a split is never comparable with full-split rows, so it always says so, alone in its
     family or not."""
-    return [k for k, v in (settings or {}).items()
-            if (k.startswith("data.splits.") and "[:" in str(v)) or (k == "evaluation.max_images" and v is not None)]
+    return [
+        k
+        for k, v in (settings or {}).items()
+        if (k.startswith("data.splits.") and "[:" in str(v))
+        or (k == "evaluation.max_images" and v is not None)
+    ]
 
 
 def _settings_shown(members_by_row: list[list[dict]]) -> list[str]:
     """For rows of one family: the settings in which each row differs from the others, and any
     sliced split."""
-    settings = [experiment_settings(m[0]["config"]) if "config" in m[0] else None
-                for m in members_by_row]
+    settings = [
+        experiment_settings(m[0]["config"]) if "config" in m[0] else None for m in members_by_row
+    ]
     if len(members_by_row) < 2:
-        return ["" if s is None else ", ".join(f"{k}={s[k]}" for k in _sliced_splits(s))
-                for s in settings]
+        return [
+            "" if s is None else ", ".join(f"{k}={s[k]}" for k in _sliced_splits(s))
+            for s in settings
+        ]
     known = [s for s in settings if s is not None]
     keys = sorted({k for s in known for k in s} if known else set())
     differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in known}) > 1]
@@ -155,8 +175,10 @@ def _settings_shown(members_by_row: list[list[dict]]) -> list[str]:
             shown.append(f"config {members[0]['config_fingerprint']}")
         else:
             named = differing + [k for k in _sliced_splits(s) if k not in differing]
-            shown.append(", ".join(f"{k}={s.get(k)}" for k in named)
-                         or f"config {members[0]['config_fingerprint']}")
+            shown.append(
+                ", ".join(f"{k}={s.get(k)}" for k in named)
+                or f"config {members[0]['config_fingerprint']}"
+            )
     return shown
 
 
@@ -173,8 +195,11 @@ def aggregate(results: list[dict]) -> list[dict]:
         for m in sorted(members, key=lambda m: m["_mtime"], reverse=True):
             by_seed[m["seed"]].append(m)
         used = [runs[0] for runs in by_seed.values()]
-        duplicates = {seed: [r.get("run_id", r["_path"]) for r in runs]
-                      for seed, runs in by_seed.items() if len(runs) > 1}
+        duplicates = {
+            seed: [r.get("run_id", r["_path"]) for r in runs]
+            for seed, runs in by_seed.items()
+            if len(runs) > 1
+        }
         stats = {}
         for name in sorted(set().union(*(m["metrics"] for m in used))):
             values = [m["metrics"][name] for m in used if name in m["metrics"]]
@@ -228,8 +253,13 @@ def unimodal_cutoffs(rows: list[dict]) -> list[int]:
     """The k of every uni-modal ``i2i/NDCG@k`` or ``t2t/NDCG@k`` any row reports, ascending (none
     for data without graded relevance, whose rows carry no uni-modal key)."""
     names = {name for r in rows for name in r["stats"]}
-    return sorted({int(name.split("@", 1)[1]) for name in names
-                   if name.startswith(UNIMODAL) and name.split("@", 1)[1].isdigit()})
+    return sorted(
+        {
+            int(name.split("@", 1)[1])
+            for name in names
+            if name.startswith(UNIMODAL) and name.split("@", 1)[1].isdigit()
+        }
+    )
 
 
 BATCH_DEPENDENT = "batch-dependent"
@@ -242,8 +272,11 @@ def external_label(row: dict) -> str:
     if not external:
         return ""
     check = external.get("batch_invariance") or {}
-    return ("external" + (f", {external['pretrained']}" if external.get("pretrained") else "")
-            + (f", {BATCH_DEPENDENT}" if check.get("invariant") is False else ""))
+    return (
+        "external"
+        + (f", {external['pretrained']}" if external.get("pretrained") else "")
+        + (f", {BATCH_DEPENDENT}" if check.get("invariant") is False else "")
+    )
 
 
 def still_rising(row: dict) -> bool:
@@ -272,77 +305,123 @@ def _row_label(row: dict) -> str:
 def _notes(group: list[dict]) -> list[str]:
     notes = []
     if any(r.get("external") for r in group):
-        notes.append("- (external) a pretrained model scored zero-shot with the suite's metrics "
-                     "(`make eval MODEL=...`), not trained by the suite; the tag names its weights.")
+        notes.append(
+            "- (external) a pretrained model scored zero-shot with the suite's metrics "
+            "(`make eval MODEL=...`), not trained by the suite; the tag names its weights."
+        )
     if any(BATCH_DEPENDENT in external_label(r) for r in group):
-        notes.append(f"- ({BATCH_DEPENDENT}) the model embedded the same item differently in a full "
-                     "evaluation batch and alone (metrics.json: external.batch_invariance): its "
-                     "score depends on the evaluation batch size.")
+        notes.append(
+            f"- ({BATCH_DEPENDENT}) the model embedded the same item differently in a full "
+            "evaluation batch and alone (metrics.json: external.batch_invariance): its "
+            "score depends on the evaluation batch size."
+        )
     for r in group:
         for seed, run_ids in r["duplicates"].items():
-            notes.append(f"- {_row_label(r)}: seed {seed} "
-                         f"ran {len(run_ids)} times ({', '.join(map(str, run_ids))}); the mean "
-                         f"uses the newest, {run_ids[0]}.")
+            notes.append(
+                f"- {_row_label(r)}: seed {seed} "
+                f"ran {len(run_ids)} times ({', '.join(map(str, run_ids))}); the mean "
+                f"uses the newest, {run_ids[0]}."
+            )
         if len(r["commits"]) > 1:
-            made = "; ".join(f"seed {','.join(map(str, seeds))} at {commit}"
-                             for commit, seeds in r["commits"].items())
-            notes.append(f"- {_row_label(r)}: its seeds "
-                         f"ran on different code ({made}); same settings, but check the commits "
-                         "before reading the spread as seed variance.")
+            made = "; ".join(
+                f"seed {','.join(map(str, seeds))} at {commit}"
+                for commit, seeds in r["commits"].items()
+            )
+            notes.append(
+                f"- {_row_label(r)}: its seeds "
+                f"ran on different code ({made}); same settings, but check the commits "
+                "before reading the spread as seed variance."
+            )
     if any(still_rising(r) for r in group):
-        notes.append(f"- ↑ still rising: validation mR rose by more than {RISING_MARGIN:.1f} over the "
-                     "last fifth of training (mean over seeds), so the row's budget stopped it "
-                     "before it converged.")
+        notes.append(
+            f"- ↑ still rising: validation mR rose by more than {RISING_MARGIN:.1f} over the "
+            "last fifth of training (mean over seeds), so the row's budget stopped it "
+            "before it converged."
+        )
     partial = [r for r in group if r["curve_rise"] is not None and r["curve_seeds_without_rise"]]
     for r in partial:
-        notes.append(f"- {_row_label(r)}: {r['curve_seeds_without_rise']} seed(s) without a "
-                     "validation on both sides of the last fifth; the rise averages the others.")
+        notes.append(
+            f"- {_row_label(r)}: {r['curve_seeds_without_rise']} seed(s) without a "
+            "validation on both sides of the last fifth; the rise averages the others."
+        )
     if any(r["scorer"].startswith(PROBE) for r in group):
-        notes.append(f"- scorer {PROBE} / {PROBE}+itm@k: ranked by a linear probe over frozen encoders, which "
-                     "is not part of RC3 (with +itm@k its ITM head re-orders the probe's top k); these rows "
-                     "measure the probe. RC3's own score is itm@all, its ITM head over every pair "
-                     "(docs/rc3.md \"Retrieval\").")
+        notes.append(
+            f"- scorer {PROBE} / {PROBE}+itm@k: ranked by a linear probe over frozen encoders, which "
+            "is not part of RC3 (with +itm@k its ITM head re-orders the probe's top k); these rows "
+            "measure the probe. RC3's own score is itm@all, its ITM head over every pair "
+            '(docs/rc3.md "Retrieval").'
+        )
     marks = {r["mark"] for r in group}
     if OTHER_PROTOCOL in marks:
-        notes.append(f"- {OTHER_PROTOCOL} scored under another metric protocol than the suite's "
-                     f"current one (version {METRIC_PROTOCOL.get('version')}): not comparable "
-                     "with unmarked rows; re-evaluate the checkpoint to compare.")
+        notes.append(
+            f"- {OTHER_PROTOCOL} scored under another metric protocol than the suite's "
+            f"current one (version {METRIC_PROTOCOL.get('version')}): not comparable "
+            "with unmarked rows; re-evaluate the checkpoint to compare."
+        )
     if UNRECORDED_PROTOCOL in marks:
-        notes.append(f"- {UNRECORDED_PROTOCOL} metrics.json records no metric protocol (written "
-                     "before protocols were recorded): not comparable with unmarked rows.")
+        notes.append(
+            f"- {UNRECORDED_PROTOCOL} metrics.json records no metric protocol (written "
+            "before protocols were recorded): not comparable with unmarked rows."
+        )
     return notes
 
 
 def to_markdown(rows: list[dict]) -> str:
     """One table per dataset: mR, per-language R@1 (both directions), MRV (std reduction) and,
     where the data has graded relevance, uni-modal NDCG at each reported cut-off."""
-    out = ["# Leaderboard", "",
-           "Mean ± std over seeds, test split. mR: mean of R@1/5/10 in both directions over all",
-           "languages. Per-language cells: i2t R@1 / t2i R@1. MRV: std of an instance's ranks across",
-           "languages (lower is more consistent). NDCG@k cells: i2i / t2t graded NDCG (image among",
-           "images, caption among the captions of every language; only for data with graded",
-           "relevance, – where a row has none). A row averages runs whose configurations differ",
-           "only in the seed; `settings` names what differs between rows of one method. Built from",
-           "the runs' `metrics.json` files by `make leaderboard`. `val mR last 1/5`: how much the",
-           f"validation mR rose over the last fifth of training (↑: more than {RISING_MARGIN:.1f}, still rising);",
-           "`learning_curves.png` draws each row's validation mR per step.", ""]
+    out = [
+        "# Leaderboard",
+        "",
+        "Mean ± std over seeds, test split. mR: mean of R@1/5/10 in both directions over all",
+        "languages. Per-language cells: i2t R@1 / t2i R@1. MRV: std of an instance's ranks across",
+        "languages (lower is more consistent). NDCG@k cells: i2i / t2t graded NDCG (image among",
+        "images, caption among the captions of every language; only for data with graded",
+        "relevance, – where a row has none). A row averages runs whose configurations differ",
+        "only in the seed; `settings` names what differs between rows of one method. Built from",
+        "the runs' `metrics.json` files by `make leaderboard`. `val mR last 1/5`: how much the",
+        f"validation mR rose over the last fifth of training (↑: more than {RISING_MARGIN:.1f}, still rising);",
+        "`learning_curves.png` draws each row's validation mR per step.",
+        "",
+    ]
     for data in sorted({r["data"] for r in rows}):
         group = [r for r in rows if r["data"] == data]
         languages = list(dict.fromkeys(lang for r in group for lang in r["languages"]))
         cutoffs = unimodal_cutoffs(group)
-        header = ["method", "protocol", "scorer", "settings", "seeds", "mR", "val mR last 1/5",
-                  *[f"{lang} R@1" for lang in languages], "MRV i2t", "MRV t2i",
-                  *[f"NDCG@{k} i2i / t2t" for k in cutoffs]]
-        out += [f"## {data}", "", "| " + " | ".join(header) + " |",
-                "|" + "---|" * len(header)]
+        header = [
+            "method",
+            "protocol",
+            "scorer",
+            "settings",
+            "seeds",
+            "mR",
+            "val mR last 1/5",
+            *[f"{lang} R@1" for lang in languages],
+            "MRV i2t",
+            "MRV t2i",
+            *[f"NDCG@{k} i2i / t2t" for k in cutoffs],
+        ]
+        out += [f"## {data}", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
         for r in group:
             per_lang = [
-                f"{_cell(r, f'{lang}/i2t/R@1', 1)} / {_cell(r, f'{lang}/t2i/R@1', 1)}" for lang in languages
+                f"{_cell(r, f'{lang}/i2t/R@1', 1)} / {_cell(r, f'{lang}/t2i/R@1', 1)}"
+                for lang in languages
             ]
-            cells = [_method_cell(r), r["protocol"], r["scorer"], r["settings"],
-                     ",".join(map(str, r["seeds"])), _cell(r, "mR"), _rise_cell(r), *per_lang,
-                     _cell(r, "all/MRV_std/i2t"), _cell(r, "all/MRV_std/t2i"),
-                     *[f"{_cell(r, f'i2i/NDCG@{k}', 3)} / {_cell(r, f't2t/NDCG@{k}', 3)}" for k in cutoffs]]
+            cells = [
+                _method_cell(r),
+                r["protocol"],
+                r["scorer"],
+                r["settings"],
+                ",".join(map(str, r["seeds"])),
+                _cell(r, "mR"),
+                _rise_cell(r),
+                *per_lang,
+                _cell(r, "all/MRV_std/i2t"),
+                _cell(r, "all/MRV_std/t2i"),
+                *[
+                    f"{_cell(r, f'i2i/NDCG@{k}', 3)} / {_cell(r, f't2t/NDCG@{k}', 3)}"
+                    for k in cutoffs
+                ],
+            ]
             out.append("| " + " | ".join(cells) + " |")
         notes = _notes(group)
         out += ["", *notes] if notes else []
@@ -352,20 +431,41 @@ def to_markdown(rows: list[dict]) -> str:
 
 def write_csv(rows: list[dict], path: Path) -> None:
     names = sorted(set().union(*(r["stats"] for r in rows))) if rows else []
-    head = [*FAMILY, "external", "settings", "config_fingerprint", "metric_protocol_version", "seeds",
-            "duplicate_seed_runs", "val_mR_last_fifth_rise", "still_rising"]
+    head = [
+        *FAMILY,
+        "external",
+        "settings",
+        "config_fingerprint",
+        "metric_protocol_version",
+        "seeds",
+        "duplicate_seed_runs",
+        "val_mR_last_fifth_rise",
+        "still_rising",
+    ]
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
         writer.writerow([*head, *[f"{n}{s}" for n in names for s in ("", " std")]])
         for r in rows:
             version = (r["metric_protocol"] or {}).get("version", "unrecorded")
-            duplicates = "; ".join(f"seed {s}: {' '.join(map(str, ids))}"
-                                   for s, ids in r["duplicates"].items())
+            duplicates = "; ".join(
+                f"seed {s}: {' '.join(map(str, ids))}" for s, ids in r["duplicates"].items()
+            )
             values = [v for n in names for v in r["stats"].get(n, ("", ""))]
             rise = "" if r["curve_rise"] is None else round(r["curve_rise"], 4)
-            writer.writerow([*(r[k] for k in FAMILY), external_label(r), r["settings"], r["config_fingerprint"],
-                             version, " ".join(map(str, r["seeds"])), duplicates, rise,
-                             int(still_rising(r)) if r["curve_rise"] is not None else "", *values])
+            writer.writerow(
+                [
+                    *(r[k] for k in FAMILY),
+                    external_label(r),
+                    r["settings"],
+                    r["config_fingerprint"],
+                    version,
+                    " ".join(map(str, r["seeds"])),
+                    duplicates,
+                    rise,
+                    int(still_rising(r)) if r["curve_rise"] is not None else "",
+                    *values,
+                ]
+            )
 
 
 def plot(rows: list[dict], path: Path) -> None:
@@ -376,12 +476,16 @@ def plot(rows: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     datasets = sorted({r["data"] for r in rows})
-    fig, axes = plt.subplots(1, max(1, len(datasets)), figsize=(5 * max(1, len(datasets)), 3.5),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        1, max(1, len(datasets)), figsize=(5 * max(1, len(datasets)), 3.5), squeeze=False
+    )
     for ax, data in zip(axes[0], datasets, strict=False):  # one empty panel when no dataset
         group = [r for r in rows if r["data"] == data and "mR" in r["stats"]]
-        labels = [f"{_method_cell(r)}\n{r['protocol']}/{r['scorer']}"
-                  + (f"\n{r['settings']}" if r["settings"] else "") for r in group]
+        labels = [
+            f"{_method_cell(r)}\n{r['protocol']}/{r['scorer']}"
+            + (f"\n{r['settings']}" if r["settings"] else "")
+            for r in group
+        ]
         means = [r["stats"]["mR"][0] for r in group]
         stds = [r["stats"]["mR"][1] for r in group]
         ax.bar(range(len(group)), means, yerr=stds, capsize=4, color="tab:blue")
@@ -406,17 +510,28 @@ def plot_curves(rows: list[dict], path: Path) -> None:
     columns = min(3, max(1, len(panels)))
     lines = -(-max(1, len(panels)) // columns)
     fig, axes = plt.subplots(lines, columns, figsize=(5 * columns, 3.5 * lines), squeeze=False)
-    for ax in axes.flat[len(panels):]:
+    for ax in axes.flat[len(panels) :]:
         ax.axis("off")
     if not panels:
         axes[0][0].text(0.5, 0.5, "no run records a learning curve", ha="center", va="center")
-    for ax, (data, method) in zip(axes.flat, panels):
-        for r in (r for r in with_curve if (r["data"], r["method"].split("+")[0]) == (data, method)):
+    for ax, (data, method) in zip(axes.flat, panels, strict=False):
+        for r in (
+            r for r in with_curve if (r["data"], r["method"].split("+")[0]) == (data, method)
+        ):
             steps, means, stds = r["curve"]
-            label = f"{_method_cell(r)} {r['scorer']}" + (f" ({r['settings']})" if r["settings"] else "")
-            line = ax.plot(steps, means, marker=".", label=label[:60] + (" ↑" if still_rising(r) else ""))[0]
-            ax.fill_between(steps, [m - s for m, s in zip(means, stds)], [m + s for m, s in zip(means, stds)],
-                            color=line.get_color(), alpha=0.2)
+            label = f"{_method_cell(r)} {r['scorer']}" + (
+                f" ({r['settings']})" if r["settings"] else ""
+            )
+            line = ax.plot(
+                steps, means, marker=".", label=label[:60] + (" ↑" if still_rising(r) else "")
+            )[0]
+            ax.fill_between(
+                steps,
+                [m - s for m, s in zip(means, stds, strict=True)],
+                [m + s for m, s in zip(means, stds, strict=True)],
+                color=line.get_color(),
+                alpha=0.2,
+            )
         ax.set_title(f"{method} on {data}", fontsize=9)
         ax.set_xlabel("training step")
         ax.set_ylabel("val mR")
@@ -441,8 +556,12 @@ def build(runs: Path, out: Path | None = None) -> list[dict]:
 def _main(args: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=Path, default=Path("runs"))
-    parser.add_argument("--out", type=Path, default=None,
-                        help="where to write leaderboard.{md,csv,png} (default: the --runs folder)")
+    parser.add_argument(
+        "--out",
+        type=Path,
+        default=None,
+        help="where to write leaderboard.{md,csv,png} (default: the --runs folder)",
+    )
     options = parser.parse_args(args)
     if not options.runs.is_dir():
         raise FileNotFoundError(f"no runs folder {options.runs}")

@@ -22,11 +22,15 @@ def check_loggers(cfg: DictConfig) -> list[str]:
     names = [str(n) for n in cfg.trainer.logger]
     for name in names:
         if name not in PACKAGES:
-            raise ConfigError(f"trainer.logger: unknown logger '{name}'; choose from {list(PACKAGES)}")
+            raise ConfigError(
+                f"trainer.logger: unknown logger '{name}'; choose from {list(PACKAGES)}"
+            )
         package = PACKAGES[name]
         if package and importlib.util.find_spec(package) is None:
-            raise ConfigError(f"trainer.logger: '{name}' needs the {package} package: "
-                              f"pip install 'ccr-suite[{name}]' (or {package})")
+            raise ConfigError(
+                f"trainer.logger: '{name}' needs the {package} package: "
+                f"pip install 'ccr-suite[{name}]' (or {package})"
+            )
     return names
 
 
@@ -38,18 +42,33 @@ def build_loggers(cfg: DictConfig, run_dir: Path, version: str, flush_every: int
     loggers: list[Logger] = []
     for kind in check_loggers(cfg):
         if kind == "tensorboard":
-            loggers.append(TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=version))
+            loggers.append(
+                TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=version)
+            )
         elif kind == "csv":
-            loggers.append(CSVLogger(save_dir=str(run_dir), name="csv", version=version,
-                                     flush_logs_every_n_steps=flush_every))
+            loggers.append(
+                CSVLogger(
+                    save_dir=str(run_dir),
+                    name="csv",
+                    version=version,
+                    flush_logs_every_n_steps=flush_every,
+                )
+            )
         elif kind == "wandb":
             from lightning.pytorch.loggers import WandbLogger
 
-            loggers.append(WandbLogger(name=name, save_dir=str(run_dir),
-                                       project=os.environ.get("WANDB_PROJECT", "ccr-suite")))
+            loggers.append(
+                WandbLogger(
+                    name=name,
+                    save_dir=str(run_dir),
+                    project=os.environ.get("WANDB_PROJECT", "ccr-suite"),
+                )
+            )
         else:
             from lightning.pytorch.loggers import MLFlowLogger
 
             uri = os.environ.get("MLFLOW_TRACKING_URI") or (run_dir / "mlruns").resolve().as_uri()
-            loggers.append(MLFlowLogger(experiment_name="ccr-suite", run_name=name, tracking_uri=uri))
+            loggers.append(
+                MLFlowLogger(experiment_name="ccr-suite", run_name=name, tracking_uri=uri)
+            )
     return loggers

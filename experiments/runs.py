@@ -41,22 +41,39 @@ CHECKPOINT_GLOBS = ("checkpoints/*.ckpt", "stages/*/*.ckpt")
 # Keys that say where or how verbosely a run executes, not what it computes: two runs that differ
 # only here (and in the seed) are the same experiment, and a resume may change them.
 EXECUTION_ONLY = (
-    "seed", "run_id", "run_dir", "ckpt_path",
-    "trainer.progress_refresh_rate", "trainer.log_every_n_steps",
-    "trainer.checkpoint_every_n_steps", "trainer.cpu_threads", "method.cpu_threads",
-    "data.num_workers", "data.root", "data.image_root", "data.cache_dir",
-    "data.tokenizer.download", "trainer.logger", "data.roi_allow_pickle",
-    "evaluation.pair_batch_size", "evaluation.caption_chunk",
+    "seed",
+    "run_id",
+    "run_dir",
+    "ckpt_path",
+    "trainer.progress_refresh_rate",
+    "trainer.log_every_n_steps",
+    "trainer.checkpoint_every_n_steps",
+    "trainer.cpu_threads",
+    "method.cpu_threads",
+    "data.num_workers",
+    "data.root",
+    "data.image_root",
+    "data.cache_dir",
+    "data.tokenizer.download",
+    "trainer.logger",
+    "data.roi_allow_pickle",
+    "evaluation.pair_batch_size",
+    "evaluation.caption_chunk",
     "method.rerank_batch_size",  # where pair_batch_size lived before evaluation.* had it
 )
 # Keys added after results were published, at the value that reproduces the earlier behaviour: at
 # that value they are left out of a run's settings, so its fingerprint equals that of the earlier
 # runs of the same experiment.
-LATER_DEFAULTS = {"data.pretrained_io": None, "method.projection": "linear", "method.lit": False,
-                  "evaluation.max_images": None}
+LATER_DEFAULTS = {
+    "data.pretrained_io": None,
+    "method.projection": "linear",
+    "method.lit": False,
+    "evaluation.max_images": None,
+}
 
 
 # ---- configuration identity -------------------------------------------------------------------
+
 
 def plain(cfg: DictConfig) -> dict[str, Any]:
     """``cfg`` resolved into plain dicts and lists (a ``DictConfig`` always gives a dict)."""
@@ -77,8 +94,11 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def experiment_settings(config: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     """The flattened settings that decide a run's result (everything but ``EXECUTION_ONLY``)."""
     settings = plain(config) if isinstance(config, DictConfig) else config
-    return {k: v for k, v in flatten(settings).items()
-            if k not in EXECUTION_ONLY and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])}
+    return {
+        k: v
+        for k, v in flatten(settings).items()
+        if k not in EXECUTION_ONLY and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
+    }
 
 
 def config_fingerprint(config: Mapping[str, Any] | DictConfig) -> str:
@@ -91,11 +111,15 @@ def config_differences(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[str]:
     """``key: a -> b`` for every setting (seed included) in which two configs differ."""
     left = {**experiment_settings(a), "seed": a.get("seed")}
     right = {**experiment_settings(b), "seed": b.get("seed")}
-    return [f"{k}: {left.get(k)!r} -> {right.get(k)!r}"
-            for k in sorted(left.keys() | right.keys()) if left.get(k) != right.get(k)]
+    return [
+        f"{k}: {left.get(k)!r} -> {right.get(k)!r}"
+        for k in sorted(left.keys() | right.keys())
+        if left.get(k) != right.get(k)
+    ]
 
 
 # ---- the run folder ---------------------------------------------------------------------------
+
 
 def run_root(cfg: DictConfig) -> Path:
     """The folder that holds every run of this (data, method) pair."""
@@ -123,11 +147,14 @@ def _new_run_dir(cfg: DictConfig) -> tuple[Path, bool]:
             folder.mkdir()
         except FileExistsError:
             if (folder / "metrics.json").exists():
-                raise ConfigError(f"run {folder} has finished (metrics.json exists); choose "
-                                  "another run_id") from None
+                raise ConfigError(
+                    f"run {folder} has finished (metrics.json exists); choose another run_id"
+                ) from None
             if checkpoints_in(folder):
-                raise ConfigError(f"run folder {folder} already exists with checkpoints; resume it "
-                                  "with ckpt_path=last, or choose another run_id") from None
+                raise ConfigError(
+                    f"run folder {folder} already exists with checkpoints; resume it "
+                    "with ckpt_path=last, or choose another run_id"
+                ) from None
             return folder, True
         return folder, False
     stamp = f"{time.strftime('%Y%m%d-%H%M%S')}-seed{cfg.seed}"
@@ -145,7 +172,9 @@ def _resumable_run_dir(cfg: DictConfig) -> Path:
     """The folder ``ckpt_path=last`` resumes: the named run, or the newest one."""
     root = run_root(cfg)
     if cfg.run_id is None:
-        previous = sorted((p for p in root.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
+        previous = sorted(
+            (p for p in root.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime
+        )
         if not previous:
             raise ConfigError(f"ckpt_path=last but {root} holds no run to resume")
         return previous[-1]
@@ -162,12 +191,15 @@ def _check_resumable(cfg: DictConfig, folder: Path) -> None:
         raise ConfigError(f"ckpt_path=last but run folder {folder} holds no checkpoint")
     stored = folder / "config.yaml"
     if not stored.exists():
-        raise ConfigError(f"run folder {folder} has no config.yaml; it was not written by experiments.train")
+        raise ConfigError(
+            f"run folder {folder} has no config.yaml; it was not written by experiments.train"
+        )
     before = plain(as_mapping(OmegaConf.load(stored), str(stored)))
     differences = config_differences(before, plain(cfg))
     if differences:
-        raise ConfigError(f"resuming {folder} needs its own configuration; differs in "
-                          + "; ".join(differences))
+        raise ConfigError(
+            f"resuming {folder} needs its own configuration; differs in " + "; ".join(differences)
+        )
 
 
 @contextlib.contextmanager
@@ -180,7 +212,9 @@ def _locked(folder: Path) -> Iterator[None]:
         handle.seek(0)
         owner = handle.read().strip() or "?"
         handle.close()
-        raise ConfigError(f"run folder {folder} is in use by another process (pid {owner})") from None
+        raise ConfigError(
+            f"run folder {folder} is in use by another process (pid {owner})"
+        ) from None
     try:
         handle.seek(0)
         handle.truncate()
@@ -211,8 +245,11 @@ def claim_run_dir(cfg: DictConfig) -> Iterator[Path]:
         if resuming:
             _check_resumable(cfg, folder)
         if failed_start:
-            print(f"note: {folder} holds no checkpoint and no result (a failed start); "
-                  "this run replaces it", flush=True)
+            print(
+                f"note: {folder} holds no checkpoint and no result (a failed start); "
+                "this run replaces it",
+                flush=True,
+            )
             _empty(folder)
         os.environ[ATTACHED_RUN_DIR] = str(folder)
         try:
@@ -243,8 +280,11 @@ def resume_checkpoint(checkpoint_dir: Path, ckpt_path: str | None) -> str | None
     if ckpt_path is None:
         return None
     if ckpt_path == "last":
-        found = [p for p in (checkpoint_dir / "last.ckpt", *sorted(checkpoint_dir.glob("hpc_ckpt_*.ckpt")))
-                 if p.exists()]
+        found = [
+            p
+            for p in (checkpoint_dir / "last.ckpt", *sorted(checkpoint_dir.glob("hpc_ckpt_*.ckpt")))
+            if p.exists()
+        ]
         if not found:
             return None
         return str(max(found, key=lambda path: int(load_checkpoint(path)["global_step"])))
@@ -253,6 +293,7 @@ def resume_checkpoint(checkpoint_dir: Path, ckpt_path: str | None) -> str | None
 
 
 # ---- files ------------------------------------------------------------------------------------
+
 
 def write_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename: readers see the old file
@@ -286,9 +327,13 @@ def load_checkpoint(path: str | Path, method: str | None = None) -> dict[str, An
         raise ConfigError(f"checkpoint {path} does not exist")
     try:
         checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
+    except (
+        Exception
+    ) as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
         reason = " ".join(str(err).split())[:160]
-        raise ConfigError(f"{path} is not a suite checkpoint ({type(err).__name__}: {reason})") from None
+        raise ConfigError(
+            f"{path} is not a suite checkpoint ({type(err).__name__}: {reason})"
+        ) from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ConfigError(f"{path} is not a suite checkpoint (it has no state_dict)")
     if method is not None:
@@ -300,8 +345,10 @@ def check_checkpoint_method(checkpoint: dict[str, Any], path: str | Path, method
     """The checkpoint's recorded method (``hyper_parameters.method.name``) must be ``method``."""
     recorded = ((checkpoint.get("hyper_parameters") or {}).get("method") or {}).get("name")
     if recorded is not None and recorded != method:
-        raise ConfigError(f"{path} is a checkpoint of method '{recorded}', not of this run's "
-                          f"method '{method}' (method.name)")
+        raise ConfigError(
+            f"{path} is a checkpoint of method '{recorded}', not of this run's "
+            f"method '{method}' (method.name)"
+        )
 
 
 def git_commit() -> str:
@@ -312,7 +359,10 @@ def git_commit() -> str:
         )
         dirty = subprocess.run(
             ["git", "status", "--porcelain", "--untracked-files=no"],
-            cwd=REPO_ROOT, capture_output=True, text=True, check=True,
+            cwd=REPO_ROOT,
+            capture_output=True,
+            text=True,
+            check=True,
         ).stdout.strip()
         return out.stdout.strip() + ("-dirty" if dirty else "")
     except (OSError, subprocess.CalledProcessError):
@@ -347,6 +397,7 @@ def scorer_label(cfg: DictConfig | Mapping) -> str:
 
 def strict_json(record: Any) -> str:
     """JSON text with no bare NaN / Infinity: a non-finite number is an error naming its key."""
+
     def check(value: Any, key: str) -> None:
         if isinstance(value, float) and not math.isfinite(value):
             raise ValueError(f"refusing to write non-finite value {value} at '{key}'")
@@ -361,8 +412,15 @@ def strict_json(record: Any) -> str:
     return json.dumps(record, indent=2, ensure_ascii=False, allow_nan=False) + "\n"
 
 
-def run_record(cfg: DictConfig, report: dict[str, float], *, method: str, protocol: str,
-               scorer: str, **facts: Any) -> dict[str, Any]:
+def run_record(
+    cfg: DictConfig,
+    report: dict[str, float],
+    *,
+    method: str,
+    protocol: str,
+    scorer: str,
+    **facts: Any,
+) -> dict[str, Any]:
     """What every ``metrics.json`` holds: the row's identity, what reproduces and groups it (config,
     fingerprint, metric protocol, commit), the run's own ``facts`` and every metric."""
     config = plain(cfg)
@@ -385,6 +443,12 @@ def run_record(cfg: DictConfig, report: dict[str, float], *, method: str, protoc
 
 def write_metrics(path: Path, cfg: DictConfig, report: dict[str, float], **facts: Any) -> None:
     """``metrics.json`` of a trained method's run."""
-    record = run_record(cfg, report, method=method_label(cfg), protocol=cfg.protocol,
-                        scorer=scorer_label(cfg), **facts)
+    record = run_record(
+        cfg,
+        report,
+        method=method_label(cfg),
+        protocol=cfg.protocol,
+        scorer=scorer_label(cfg),
+        **facts,
+    )
     write_atomic(path, strict_json(record))

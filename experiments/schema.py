@@ -14,13 +14,14 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
-from typing import Any, Dict, List, Optional, Union
+from typing import Any
 
 from omegaconf import DictConfig, ListConfig
 
 
-def bounded(default: Any, *, minimum: float | None = None, above: float | None = None,
-            allow: tuple = ()) -> Any:
+def bounded(
+    default: Any, *, minimum: float | None = None, above: float | None = None, allow: tuple = ()
+) -> Any:
     """A field with a lower bound (``minimum`` inclusive, ``above`` exclusive); values in
     ``allow`` (e.g. -1 for "no limit") are accepted besides the bound."""
     return field(default=default, metadata={"minimum": minimum, "above": above, "allow": allow})
@@ -28,18 +29,20 @@ def bounded(default: Any, *, minimum: float | None = None, above: float | None =
 
 def bounded_list(default: list, *, minimum: float) -> Any:
     """A non-empty list field whose every value is at least ``minimum``."""
-    return field(default_factory=lambda: list(default),
-                 metadata={"minimum": minimum, "above": None, "allow": (), "non_empty": True})
+    return field(
+        default_factory=lambda: list(default),
+        metadata={"minimum": minimum, "above": None, "allow": (), "non_empty": True},
+    )
 
 
 @dataclass
 class OptimConfig:
     lr: float = bounded(1.0e-3, above=0)
     weight_decay: float = bounded(0.02, minimum=0)
-    betas: List[float] = field(default_factory=lambda: [0.9, 0.98])
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.98])
     eps: float = bounded(1.0e-6, above=0)
     warmup_steps: int = bounded(100, minimum=0)
-    warmup_ratio: Optional[float] = bounded(None, minimum=0)
+    warmup_ratio: float | None = bounded(None, minimum=0)
     schedule: str = "cosine"
     min_lr_ratio: float = bounded(0.01, minimum=0)
     grad_cache_chunks: int = bounded(1, minimum=1)
@@ -47,109 +50,125 @@ class OptimConfig:
 
 @dataclass
 class EvaluationConfig:
-    ks: List[int] = field(default_factory=lambda: [1, 5, 10])
+    ks: list[int] = field(default_factory=lambda: [1, 5, 10])
     ndcg_k: int = bounded(10, minimum=1)
-    unimodal_ndcg_ks: List[int] = bounded_list([10, 20, 50], minimum=1)
+    unimodal_ndcg_ks: list[int] = bounded_list([10, 20, 50], minimum=1)
     chunk_size: int = bounded(1024, minimum=1)
     rerank_k: int = bounded(0, minimum=0)
-    scorer: str = "embeddings"            # embeddings | cross_encoder (every pair by the method's ITM head)
-    pair_batch_size: int = bounded(512, minimum=1)   # (image, caption) pairs per cross-encoder call
-    caption_chunk: int = bounded(256, minimum=1)     # captions prepared at once for cross-encoder scoring
-    select_on: Optional[str] = None       # a val report key (en/mR): test the final stage's best step
-    max_images: Optional[int] = bounded(None, minimum=1)  # val/test keep their first N images (budget)
+    scorer: str = "embeddings"  # embeddings | cross_encoder (every pair by the method's ITM head)
+    pair_batch_size: int = bounded(512, minimum=1)  # (image, caption) pairs per cross-encoder call
+    caption_chunk: int = bounded(
+        256, minimum=1
+    )  # captions prepared at once for cross-encoder scoring
+    select_on: str | None = None  # a val report key (en/mR): test the final stage's best step
+    max_images: int | None = bounded(None, minimum=1)  # val/test keep their first N images (budget)
 
 
 @dataclass
 class TrainerConfig:
     accelerator: str = "cpu"
-    devices: Any = 1                      # a count, -1 / "auto", or a list of device ids
+    devices: Any = 1  # a count, -1 / "auto", or a list of device ids
     num_nodes: int = bounded(1, minimum=1)
     strategy: str = "auto"
-    cpu_threads: Optional[int] = bounded(None, minimum=1)
+    cpu_threads: int | None = bounded(None, minimum=1)
     precision: str = "32-true"
     max_steps: int = bounded(3000, minimum=1)
     max_epochs: int = bounded(-1, minimum=1, allow=(-1,))
-    check_val_every_n_epoch: Optional[int] = bounded(5, minimum=1)
-    val_check_interval: Optional[Union[int, float]] = bounded(None, above=0)
-    limit_val_batches: Union[int, float] = bounded(1.0, minimum=0)
+    check_val_every_n_epoch: int | None = bounded(5, minimum=1)
+    val_check_interval: int | float | None = bounded(None, above=0)
+    limit_val_batches: int | float = bounded(1.0, minimum=0)
     log_every_n_steps: int = bounded(25, minimum=1)
     checkpoint_every_n_steps: int = bounded(250, minimum=1)
     progress_refresh_rate: int = bounded(10, minimum=0)
-    gradient_clip_val: Optional[float] = bounded(1.0, minimum=0)
+    gradient_clip_val: float | None = bounded(1.0, minimum=0)
     accumulate_grad_batches: int = bounded(1, minimum=1)
-    float32_matmul_precision: Optional[str] = None  # highest | high | medium; None: torch's default
-    loader_workers: Optional[int] = bounded(None, minimum=0, allow=(-1,))  # None: data.num_workers
-    pin_memory: bool = False              # training batches in page-locked memory (fast copies to GPU)
-    prefetch_factor: Optional[int] = bounded(None, minimum=1)  # batches each worker loads ahead
-    logger: List[str] = field(default_factory=lambda: ["tensorboard", "csv"])  # + wandb, mlflow (extras)
+    float32_matmul_precision: str | None = None  # highest | high | medium; None: torch's default
+    loader_workers: int | None = bounded(None, minimum=0, allow=(-1,))  # None: data.num_workers
+    pin_memory: bool = False  # training batches in page-locked memory (fast copies to GPU)
+    prefetch_factor: int | None = bounded(None, minimum=1)  # batches each worker loads ahead
+    logger: list[str] = field(
+        default_factory=lambda: ["tensorboard", "csv"]
+    )  # + wandb, mlflow (extras)
 
 
 @dataclass
 class SplitsConfig:
-    train: Optional[str] = None
-    val: Optional[str] = None
-    test: Optional[str] = None
+    train: str | None = None
+    val: str | None = None
+    test: str | None = None
 
 
 @dataclass
 class TokenizerConfig:
     name: str = "offline"
     vocab_size: int = bounded(8000, minimum=16)
-    download: bool = False                # True: fetch a hub tokenizer missing from the local cache
+    download: bool = False  # True: fetch a hub tokenizer missing from the local cache
 
 
 @dataclass
 class DataConfig:
     name: str = "synthetic"
     root: str = ".cache/data/synthetic"
-    image_root: Optional[str] = None
+    image_root: str | None = None
     cache_dir: str = "${.root}"
     splits: SplitsConfig = field(default_factory=SplitsConfig)
-    languages: List[str] = field(default_factory=lambda: ["en"])
-    mrv_languages: Optional[List[str]] = None
+    languages: list[str] = field(default_factory=lambda: ["en"])
+    mrv_languages: list[str] | None = None
     batch_size: int = bounded(64, minimum=1)
     eval_batch_size: int = bounded(256, minimum=1)
     num_workers: int = bounded(1, minimum=0)
     image_size: int = bounded(32, minimum=1)
-    image_mean: List[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
-    image_std: List[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
+    image_mean: list[float] = field(default_factory=lambda: [0.48145466, 0.4578275, 0.40821073])
+    image_std: list[float] = field(default_factory=lambda: [0.26862954, 0.26130258, 0.27577711])
     max_length: int = bounded(48, minimum=3)
-    pad_to_multiple: Optional[int] = bounded(None, minimum=1)  # training captions: batch's longest, rounded up
+    pad_to_multiple: int | None = bounded(
+        None, minimum=1
+    )  # training captions: batch's longest, rounded up
     on_missing_image: str = "error"
-    image_cache: bool = False           # decode + resize every image once into cache_dir/image-cache
+    image_cache: bool = False  # decode + resize every image once into cache_dir/image-cache
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
-    synthetic: Optional[Dict[str, Any]] = None
-    backbones: Optional[Dict[str, Any]] = None  # the synthetic world's pretrained encoders
-    parallel_text: Optional[str] = None  # line-aligned <lang>.txt folder or TSV (parallel corpus)
-    roi_features: Optional[str] = None  # precomputed ROI features: an LMDB or a .npy folder
-    roi_allow_pickle: bool = False  # read pickled LMDB values (VOLTA's layout; unpickling runs code)
+    synthetic: dict[str, Any] | None = None
+    backbones: dict[str, Any] | None = None  # the synthetic world's pretrained encoders
+    parallel_text: str | None = None  # line-aligned <lang>.txt folder or TSV (parallel corpus)
+    roi_features: str | None = None  # precomputed ROI features: an LMDB or a .npy folder
+    roi_allow_pickle: bool = (
+        False  # read pickled LMDB values (VOLTA's layout; unpickling runs code)
+    )
     roi_regions: int = bounded(36, minimum=1)  # regions per image in a batch (padded and masked)
     on_missing_roi: str = "error"
-    pretrained_io: Optional[Dict[str, Any]] = None  # a pretrained model's own preprocessing and
-                                                    # tokenizer (set by method.encoders=zoo:<name>)
-    shuffle_buffer: int = bounded(1000, minimum=1)  # raw samples a streamed (sharded) split shuffles in
-    stream_slots: int = bounded(8, minimum=1)  # a streamed split's reading slots (datamodules/shards.py)
+    pretrained_io: dict[str, Any] | None = None  # a pretrained model's own preprocessing and
+    # tokenizer (set by method.encoders=zoo:<name>)
+    shuffle_buffer: int = bounded(
+        1000, minimum=1
+    )  # raw samples a streamed (sharded) split shuffles in
+    stream_slots: int = bounded(
+        8, minimum=1
+    )  # a streamed split's reading slots (datamodules/shards.py)
 
 
 @dataclass
 class RunConfig:
     seed: int = bounded(0, minimum=0)
     protocol: str = "default"
-    variant: Optional[str] = None
+    variant: str | None = None
     run_dir: str = "runs"
-    run_id: Optional[str] = None
-    ckpt_path: Optional[str] = None
+    run_id: str | None = None
+    ckpt_path: str | None = None
     optim: OptimConfig = field(default_factory=OptimConfig)
     evaluation: EvaluationConfig = field(default_factory=EvaluationConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     data: DataConfig = field(default_factory=DataConfig)
     method: Any = None
-    preset: Dict[str, str] = field(default_factory=dict)
+    preset: dict[str, str] = field(default_factory=dict)
 
 
-CHOICES = {"data.on_missing_image": ("error", "skip"), "data.on_missing_roi": ("error", "skip"),
-           "optim.schedule": ("cosine", "linear"), "evaluation.scorer": ("embeddings", "cross_encoder"),
-           "trainer.float32_matmul_precision": (None, "highest", "high", "medium")}
+CHOICES = {
+    "data.on_missing_image": ("error", "skip"),
+    "data.on_missing_roi": ("error", "skip"),
+    "optim.schedule": ("cosine", "linear"),
+    "evaluation.scorer": ("embeddings", "cross_encoder"),
+    "trainer.float32_matmul_precision": (None, "highest", "high", "medium"),
+}
 
 
 def check_bounds(cfg: DictConfig, schema: type = RunConfig, prefix: str = "") -> None:
@@ -178,7 +197,9 @@ def _check_bound(key: str, value: Any, meta: Mapping) -> None:
     if value in meta["allow"] or isinstance(value, bool):
         return
     if meta["minimum"] is not None and value < meta["minimum"]:
-        raise ValueError(f"config key '{key}' = {value}: must be >= {meta['minimum']}"
-                         + (f" (or {', '.join(map(str, meta['allow']))})" if meta["allow"] else ""))
+        raise ValueError(
+            f"config key '{key}' = {value}: must be >= {meta['minimum']}"
+            + (f" (or {', '.join(map(str, meta['allow']))})" if meta["allow"] else "")
+        )
     if meta["above"] is not None and value <= meta["above"]:
         raise ValueError(f"config key '{key}' = {value}: must be > {meta['above']}")

@@ -33,23 +33,36 @@ def selection_checkpoint(cfg: DictConfig, checkpoint_dir: Path) -> ModelCheckpoi
     if key is None:
         return None
     return ModelCheckpoint(
-        dirpath=checkpoint_dir, filename=SELECTED, monitor=f"val/{key}",
-        mode=metrics.better_direction(key), save_top_k=1, save_weights_only=True,
-        auto_insert_metric_name=False, enable_version_counter=False,
+        dirpath=checkpoint_dir,
+        filename=SELECTED,
+        monitor=f"val/{key}",
+        mode=metrics.better_direction(key),
+        save_top_k=1,
+        save_weights_only=True,
+        auto_insert_metric_name=False,
+        enable_version_counter=False,
     )
 
 
-def validation_steps(batches_per_epoch: int, steps: int, *, accumulate: int = 1,
-                     every_n_epochs: int | None = 1,
-                     interval: int | float | None = None) -> list[int]:
+def validation_steps(
+    batches_per_epoch: int,
+    steps: int,
+    *,
+    accumulate: int = 1,
+    every_n_epochs: int | None = 1,
+    interval: int | float | None = None,
+) -> list[int]:
     """The optimiser steps after which Lightning validates a stage of ``steps`` steps over epochs
     of ``batches_per_epoch`` batches: in every ``every_n_epochs``-th epoch (None: every epoch,
     counting ``interval`` batches across epochs), after every ``interval`` batches (an int), a
     fraction of the epoch's batches (a float), or at its end (None)."""
     if batches_per_epoch < 1 or (every_n_epochs is None and not isinstance(interval, int)):
         return []  # no training batch, or a schedule Lightning refuses itself
-    within = (interval if isinstance(interval, int) else
-              max(1, int(batches_per_epoch * (1.0 if interval is None else interval))))
+    within = (
+        interval
+        if isinstance(interval, int)
+        else max(1, int(batches_per_epoch * (1.0 if interval is None else interval)))
+    )
     found, step, batch = [], 0, 0
     while step < steps:
         epoch, in_epoch = divmod(batch, batches_per_epoch)
@@ -65,8 +78,9 @@ def validation_steps(batches_per_epoch: int, steps: int, *, accumulate: int = 1,
     return found
 
 
-def check_selection(cfg: DictConfig, final_loader: DataLoader, final_steps: int,
-                    val_languages: list[str]) -> None:
+def check_selection(
+    cfg: DictConfig, final_loader: DataLoader, final_steps: int, val_languages: list[str]
+) -> None:
     """Before anything trains: the final stage validates at least once, and the val split has
     the language ``evaluation.select_on`` names (the key itself is checked at composition)."""
     key = cfg.evaluation.select_on
@@ -74,11 +88,18 @@ def check_selection(cfg: DictConfig, final_loader: DataLoader, final_steps: int,
         return
     language = key.split("/", 1)[0]
     if "/" in key and language not in ("all", "i2i", "t2t") and language not in val_languages:
-        raise ConfigError(f"evaluation.select_on={key}: the val split ({cfg.data.splits.val}) "
-                          f"has no {language!r} captions; it has {', '.join(val_languages)}")
+        raise ConfigError(
+            f"evaluation.select_on={key}: the val split ({cfg.data.splits.val}) "
+            f"has no {language!r} captions; it has {', '.join(val_languages)}"
+        )
     t = cfg.trainer
-    if validation_steps(len(final_loader), final_steps, accumulate=t.accumulate_grad_batches,
-                        every_n_epochs=t.check_val_every_n_epoch, interval=t.val_check_interval):
+    if validation_steps(
+        len(final_loader),
+        final_steps,
+        accumulate=t.accumulate_grad_batches,
+        every_n_epochs=t.check_val_every_n_epoch,
+        interval=t.val_check_interval,
+    ):
         return
     raise ConfigError(
         f"evaluation.select_on={key}: the final stage trains {final_steps} steps over epochs of "
@@ -93,8 +114,9 @@ def keep_selected(callback: ModelCheckpoint, module, stage_name: str) -> dict:
     """Load the selected weights into ``module``; record and return which step won."""
     best = callback.best_model_path
     if not best or callback.best_model_score is None:
-        raise RuntimeError(f"stage '{stage_name}' never validated on {callback.monitor}: "
-                           "nothing to select")
+        raise RuntimeError(
+            f"stage '{stage_name}' never validated on {callback.monitor}: nothing to select"
+        )
     score = float(callback.best_model_score)
     if not math.isfinite(score):
         raise RuntimeError(f"stage '{stage_name}': the best {callback.monitor} is {score}")

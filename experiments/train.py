@@ -12,9 +12,9 @@ zero steps, or whose loss becomes non-finite, stops with an error and writes no 
 from __future__ import annotations
 
 import time
-from collections.abc import Sized
+from collections.abc import Sequence, Sized
 from pathlib import Path
-from typing import Sequence, cast
+from typing import cast
 
 import lightning as L
 from omegaconf import DictConfig
@@ -25,8 +25,8 @@ from datamodules.shards import SkippedSamples
 from experiments import cli
 from experiments.config import ConfigError, compose
 from experiments.curves import ValidationCurve, run_curve
-from experiments.loggers import check_loggers
 from experiments.encoder_checks import check_encoders
+from experiments.loggers import check_loggers
 from experiments.runs import (
     checkpoints_in,
     claim_run_dir,
@@ -46,8 +46,8 @@ from experiments.trainer import (
     Throughput,
     TrainingPosition,
     build_trainer,
-    configure_matmul_precision,
     check_accelerator,
+    configure_matmul_precision,
     configure_threads,
     free_log_version,
     loader_settings,
@@ -62,8 +62,9 @@ class StageData(L.LightningDataModule):
     """The run's datamodule, with the training loader a stage asks for (e.g. parallel text),
     positioned where a resumed checkpoint left off."""
 
-    def __init__(self, data: CCRDataModule, stage: Stage,
-                 position: TrainingPosition | None = None) -> None:
+    def __init__(
+        self, data: CCRDataModule, stage: Stage, position: TrainingPosition | None = None
+    ) -> None:
         super().__init__()
         self.data, self.stage, self.position = data, stage, position
 
@@ -71,7 +72,9 @@ class StageData(L.LightningDataModule):
         loader = self.stage.dataloader(self.data)
         if self.position is not None and self.position.resumed is not None:
             epoch, batches = self.position.resumed
-            resumable = loader if hasattr(loader, "resume") else loader.sampler  # a stream, or a sampler
+            resumable = (
+                loader if hasattr(loader, "resume") else loader.sampler
+            )  # a stream, or a sampler
             resumable.resume(epoch, batches * (loader.batch_size or 1))
         return loader
 
@@ -88,8 +91,12 @@ class StageData(L.LightningDataModule):
 def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataModule:
     """The datamodule with the train split (tokenizer, labels) and every split in ``roles`` that
     the data defines read and validated now, before anything trains."""
-    data = CCRDataModule(cfg.data, seed=cfg.seed, loader=loader_settings(cfg),
-                         eval_max_images=cfg.evaluation.max_images)
+    data = CCRDataModule(
+        cfg.data,
+        seed=cfg.seed,
+        loader=loader_settings(cfg),
+        eval_max_images=cfg.evaluation.max_images,
+    )
     data.prepare_data()
     data.setup("fit")
     for role in roles:
@@ -111,11 +118,17 @@ def budget_notice(cfg: DictConfig, stages: Sequence[Stage]) -> str | None:
     """For a method whose stages carry their own step budgets, which keys bound each stage."""
     if not any(stage.max_steps is not None for stage in stages):
         return None
-    parts = [f"{s.name}: {s.budget_key or 'its own budget'}={s.max_steps}" if s.max_steps is not None
-             else f"{s.name}: trainer.max_steps={cfg.trainer.max_steps}" for s in stages]
+    parts = [
+        f"{s.name}: {s.budget_key or 'its own budget'}={s.max_steps}"
+        if s.max_steps is not None
+        else f"{s.name}: trainer.max_steps={cfg.trainer.max_steps}"
+        for s in stages
+    ]
     unused = all(s.max_steps is not None for s in stages)
-    return (f"{cfg.method.name} trains in stages with their own step budgets ({'; '.join(parts)})"
-            + (f"; trainer.max_steps={cfg.trainer.max_steps} bounds none of them" if unused else ""))
+    return (
+        f"{cfg.method.name} trains in stages with their own step budgets ({'; '.join(parts)})"
+        + (f"; trainer.max_steps={cfg.trainer.max_steps} bounds none of them" if unused else "")
+    )
 
 
 def check_trainable(cfg: DictConfig, data: CCRDataModule, stages: Sequence[Stage]) -> None:
@@ -140,8 +153,10 @@ def check_config_only(cfg: DictConfig) -> None:
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if cfg.evaluation.select_on is not None and cfg.data.splits.get("val") is None:
-        raise ConfigError(f"evaluation.select_on={cfg.evaluation.select_on} selects on the val "
-                          "split, but data.splits.val is null")
+        raise ConfigError(
+            f"evaluation.select_on={cfg.evaluation.select_on} selects on the val "
+            "split, but data.splits.val is null"
+        )
 
 
 def train(cfg: DictConfig) -> Path:
@@ -167,13 +182,18 @@ def train(cfg: DictConfig) -> Path:
             print(f"note: {notice}", flush=True)
         check_trainable(cfg, data, stages)
         final = stages[-1]
-        check_selection(cfg, final.dataloader(data), final.max_steps or cfg.trainer.max_steps,
-                        data.eval_view("val").languages if cfg.evaluation.select_on else [])
+        check_selection(
+            cfg,
+            final.dataloader(data),
+            final.max_steps or cfg.trainer.max_steps,
+            data.eval_view("val").languages if cfg.evaluation.select_on else [],
+        )
         return _train_stages(cfg, run_dir, data, stages)
 
 
-def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
-                  stages: Sequence[Stage]) -> Path:
+def _train_stages(
+    cfg: DictConfig, run_dir: Path, data: CCRDataModule, stages: Sequence[Stage]
+) -> Path:
     started = time.perf_counter()
     throughput = Throughput()
     previous: Path | None = None
@@ -204,17 +224,32 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
             name = f"{folder.name}-resumed-at-{step}"
         position = TrainingPosition()
         selection = selection_checkpoint(cfg, folder) if final else None
-        callbacks = [throughput, position, StopOnNonFiniteLoss(stage.name), ValidationCurve(folder, step),
-                     *([SkippedSamples()] if data.is_sharded else []), *([selection] if selection else [])]
-        trainer = build_trainer(cfg, run_dir, folder, stage.max_steps, callbacks=callbacks,
-                                log_version=free_log_version(run_dir, name))
-        trainer.fit(module, datamodule=StageData(data, stage, position), ckpt_path=resume,
-                    weights_only=True)
+        callbacks = [
+            throughput,
+            position,
+            StopOnNonFiniteLoss(stage.name),
+            ValidationCurve(folder, step),
+            *([SkippedSamples()] if data.is_sharded else []),
+            *([selection] if selection else []),
+        ]
+        trainer = build_trainer(
+            cfg,
+            run_dir,
+            folder,
+            stage.max_steps,
+            callbacks=callbacks,
+            log_version=free_log_version(run_dir, name),
+        )
+        trainer.fit(
+            module, datamodule=StageData(data, stage, position), ckpt_path=resume, weights_only=True
+        )
         if trainer.global_step == 0:
             raise ValueError(f"stage '{stage.name}' trained zero steps")
         if selection:  # the test scores the best validation's weights, not the last step's
             selected = keep_selected(selection, module, stage.name)
-        trainer.save_checkpoint(done, weights_only=True)  # the weights and step: all a later stage needs
+        trainer.save_checkpoint(
+            done, weights_only=True
+        )  # the weights and step: all a later stage needs
         stage_steps[stage.name] = trainer.global_step
         previous = done
     trainer = build_trainer(cfg, run_dir, run_dir / "eval", callbacks=[])
@@ -222,14 +257,20 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
     report = last_report(module, stages[-1])
     if trainer.is_global_zero:
         write_metrics(
-            run_dir / "metrics.json", cfg, report,
-            split="test", run_id=run_dir.name, checkpoint=str(previous),
+            run_dir / "metrics.json",
+            cfg,
+            report,
+            split="test",
+            run_id=run_dir.name,
+            checkpoint=str(previous),
             wall_time_s=round(time.perf_counter() - started, 1),
             train_samples_per_s=round(throughput.samples_per_second, 1),
             train_steps=sum(stage_steps.values()),
             stage_steps=stage_steps,
             resumed_from_step=resumed_from,
-            learning_curve=run_curve([(s.name, checkpoint_dir(run_dir, stages, s)) for s in stages], stage_steps),
+            learning_curve=run_curve(
+                [(s.name, checkpoint_dir(run_dir, stages, s)) for s in stages], stage_steps
+            ),
             **({"selected": selected} if selected else {}),
         )
         print(f"metrics: {run_dir / 'metrics.json'}  mR={report['mR']:.2f}")
@@ -239,8 +280,10 @@ def _train_stages(cfg: DictConfig, run_dir: Path, data: CCRDataModule,
 def evaluated_module(module: L.LightningModule, stage: Stage) -> RetrievalModule:
     """``module``, built by the run's last ``stage``, as the RetrievalModule evaluation needs."""
     if not isinstance(module, RetrievalModule):
-        raise TypeError(f"stage '{stage.name}' built a {type(module).__name__}; the last stage "
-                        "must build a RetrievalModule")
+        raise TypeError(
+            f"stage '{stage.name}' built a {type(module).__name__}; the last stage "
+            "must build a RetrievalModule"
+        )
     return module
 
 

@@ -49,11 +49,18 @@ class AtomicCheckpointIO(TorchCheckpointIO):
 def rng_states() -> dict[str, Any]:
     """The global torch / numpy / python RNG states, as plain tensors and tuples (weights_only)."""
     legacy = cast(tuple[str, np.ndarray, int, int, float], np.random.get_state(legacy=True))
-    kind, keys, position, has_gauss, cached = legacy  # legacy=True: the tuple (the stub says either)
+    kind, keys, position, has_gauss, cached = (
+        legacy  # legacy=True: the tuple (the stub says either)
+    )
     states = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": kind, "keys": torch.from_numpy(keys.astype(np.int64)),
-                  "position": int(position), "has_gauss": int(has_gauss), "cached": float(cached)},
+        "numpy": {
+            "kind": kind,
+            "keys": torch.from_numpy(keys.astype(np.int64)),
+            "position": int(position),
+            "has_gauss": int(has_gauss),
+            "cached": float(cached),
+        },
         "python": random.getstate(),
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -64,8 +71,9 @@ def rng_states() -> dict[str, Any]:
 def set_rng_states(states: dict[str, Any]) -> None:
     torch.set_rng_state(states["torch"])
     n = states["numpy"]
-    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["position"],
-                         n["has_gauss"], n["cached"]))
+    np.random.set_state(
+        (n["kind"], n["keys"].numpy().astype(np.uint32), n["position"], n["has_gauss"], n["cached"])
+    )
     random.setstate(states["python"])
     if "cuda" in states and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(states["cuda"])
@@ -180,14 +188,25 @@ class StopOnNonFiniteLoss(Callback):
         weights = [p.detach() for p in pl_module.parameters() if p.requires_grad]
         if weights and not bool(torch.isfinite(torch.nn.utils.get_total_norm(weights))):
             loss = outputs["loss"] if isinstance(outputs, dict) else outputs
-            self._stop(trainer, f"the update made trainable weights non-finite (step loss "
-                       f"{float(loss.detach().float().mean()):.4g})", step=trainer.global_step)
+            self._stop(
+                trainer,
+                f"the update made trainable weights non-finite (step loss "
+                f"{float(loss.detach().float().mean()):.4g})",
+                step=trainer.global_step,
+            )
 
     def _stop(self, trainer, what: str, step: int | None = None) -> None:
         logs = _step_logs(trainer)
         bad = [f"{name}={value}" for name, value in logs.items() if not np.isfinite(value)]
-        terms = f"non-finite terms: {', '.join(bad)}" if bad else (
-            "logged terms: " + ", ".join(f"{k}={v:.4g}" for k, v in logs.items()) if logs else "")
+        terms = (
+            f"non-finite terms: {', '.join(bad)}"
+            if bad
+            else (
+                "logged terms: " + ", ".join(f"{k}={v:.4g}" for k, v in logs.items())
+                if logs
+                else ""
+            )
+        )
         raise TrainingDiverged(
             f"training diverged at step {trainer.global_step + 1 if step is None else step} of "
             f"stage '{self.stage}': {what}" + (f"; {terms}" if terms else "")
@@ -202,7 +221,11 @@ def _step_logs(trainer) -> dict[str, float]:
     for metric in results.values():
         value = getattr(metric, "_forward_cache", None)
         name = getattr(getattr(metric, "meta", None), "name", None)
-        if name not in (None, "train/loss") and isinstance(value, torch.Tensor) and value.numel() == 1:
+        if (
+            name not in (None, "train/loss")
+            and isinstance(value, torch.Tensor)
+            and value.numel() == 1
+        ):
             logs[name] = float(value)
     return logs
 
@@ -241,12 +264,16 @@ def check_accelerator(cfg: DictConfig) -> None:
     cuda = CUDAAccelerator.is_available() and accelerator != "mps"
     if not cuda and not (MPSAccelerator.is_available() and accelerator != "cuda"):
         preset = (cfg.get("preset") or {}).get("trainer", "?")
-        raise ConfigError(f"trainer.accelerator={accelerator} (TRAINER={preset}) but this machine has "
-                          "no GPU that torch can use; use TRAINER=cpu (trainer=cpu)")
+        raise ConfigError(
+            f"trainer.accelerator={accelerator} (TRAINER={preset}) but this machine has "
+            "no GPU that torch can use; use TRAINER=cpu (trainer=cpu)"
+        )
     have = CUDAAccelerator.auto_device_count() if cuda else 1
     wanted = len(t.devices) if isinstance(t.devices, ListConfig) else t.devices
     if isinstance(wanted, int) and not isinstance(wanted, bool) and wanted > have:
-        raise ConfigError(f"trainer.devices={t.devices} asks for {wanted} GPUs but this machine has {have}")
+        raise ConfigError(
+            f"trainer.devices={t.devices} asks for {wanted} GPUs but this machine has {have}"
+        )
 
 
 def configure_threads(cfg: DictConfig) -> None:
@@ -287,7 +314,10 @@ def loader_settings(cfg: DictConfig, cores: int | None = None) -> dict[str, Any]
     elif workers == -1:
         cores = cores if cores is not None else len(os.sched_getaffinity(0))
         workers = max(1, cores // local_processes(cfg) - 1)
-    settings: dict[str, Any] = {"num_workers": int(workers), "pin_memory": bool(t.get("pin_memory"))}
+    settings: dict[str, Any] = {
+        "num_workers": int(workers),
+        "pin_memory": bool(t.get("pin_memory")),
+    }
     if t.get("prefetch_factor") is not None and workers > 0:
         settings["prefetch_factor"] = int(t.prefetch_factor)
     return settings
@@ -316,19 +346,24 @@ def free_log_version(run_dir: Path, name: str) -> str:
 
 
 def build_trainer(
-    cfg: DictConfig, run_dir: Path, checkpoint_dir: Path, max_steps: int | None = None,
-    callbacks: Sequence[Callback] = (), log_version: str | None = None,
+    cfg: DictConfig,
+    run_dir: Path,
+    checkpoint_dir: Path,
+    max_steps: int | None = None,
+    callbacks: Sequence[Callback] = (),
+    log_version: str | None = None,
 ) -> L.Trainer:
     """A Trainer that logs to ``trainer.logger`` (default TensorBoard and CSV in ``run_dir``, folder
     ``log_version``, default the checkpoint folder's name) and checkpoints atomically to
     ``checkpoint_dir``."""
     from experiments.loggers import build_loggers
 
-
     t = cfg.trainer
     version = log_version or checkpoint_dir.name
     checkpoint = ModelCheckpoint(
-        dirpath=checkpoint_dir, save_last=True, save_top_k=0,
+        dirpath=checkpoint_dir,
+        save_last=True,
+        save_top_k=0,
         every_n_train_steps=t.checkpoint_every_n_steps,
     )
     loggers = build_loggers(cfg, run_dir, version, t.log_every_n_steps)

@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
 
 from omegaconf import OmegaConf
 
@@ -23,8 +23,13 @@ from experiments.config import CONFIG_DIR, ConfigError
 from methods.layers.pretrained_dual import COMMIT, DualSpec
 
 ZOO_DIR = CONFIG_DIR / "zoo"
-LOADERS = {"open_clip": "open_clip", "hf_clip": "hf", "hf_metaclip2": "hf", "hf_remote": "hf",
-           "mclip": "mclip"}
+LOADERS = {
+    "open_clip": "open_clip",
+    "hf_clip": "hf",
+    "hf_metaclip2": "hf",
+    "hf_remote": "hf",
+    "mclip": "mclip",
+}
 REQUIRED = ("loader", "model", "licence", "preprocessing", "languages")
 OPTIONAL = ("pretrained", "revision", "text_length", "image_model")
 PREFIX = "zoo:"
@@ -45,12 +50,14 @@ class ZooEntry:
     image_model: str | None = None
 
     @classmethod
-    def read(cls, path: Path) -> "ZooEntry":
+    def read(cls, path: Path) -> ZooEntry:
         """Parse and check one zoo file; a bad field is an error naming the file and the field."""
         try:
             raw = OmegaConf.to_container(OmegaConf.load(path))
         except Exception as err:  # noqa: BLE001 - any YAML problem is the file's
-            raise ConfigError(f"{path}: not a readable YAML mapping ({type(err).__name__})") from None
+            raise ConfigError(
+                f"{path}: not a readable YAML mapping ({type(err).__name__})"
+            ) from None
         if not isinstance(raw, dict):
             raise ConfigError(f"{path}: expected a mapping of zoo fields")
         unknown = sorted(set(raw) - set(REQUIRED) - set(OPTIONAL))
@@ -60,18 +67,29 @@ class ZooEntry:
             if not isinstance(raw.get(key), str) or not raw[key].strip():
                 raise ConfigError(f"{path}: field '{key}' must be a non-empty string")
         if raw["loader"] not in LOADERS:
-            raise ConfigError(f"{path}: field 'loader' = {raw['loader']!r}: expected one of {list(LOADERS)}")
+            raise ConfigError(
+                f"{path}: field 'loader' = {raw['loader']!r}: expected one of {list(LOADERS)}"
+            )
         revision = raw.get("revision")
         if revision is not None and not (isinstance(revision, str) and COMMIT.fullmatch(revision)):
-            raise ConfigError(f"{path}: field 'revision' = {revision!r}: a commit hash (40 lower-case "
-                              "hex digits) or null")
-        if raw["loader"] == "open_clip" and not raw.get("pretrained") \
-                and not raw["model"].startswith(("local-dir:", "hf-hub:")):
-            raise ConfigError(f"{path}: field 'pretrained' is needed for an open_clip arch (without it "
-                              "open_clip builds random weights)")
+            raise ConfigError(
+                f"{path}: field 'revision' = {revision!r}: a commit hash (40 lower-case "
+                "hex digits) or null"
+            )
+        if (
+            raw["loader"] == "open_clip"
+            and not raw.get("pretrained")
+            and not raw["model"].startswith(("local-dir:", "hf-hub:"))
+        ):
+            raise ConfigError(
+                f"{path}: field 'pretrained' is needed for an open_clip arch (without it "
+                "open_clip builds random weights)"
+            )
         if (raw["loader"] == "mclip") != bool(raw.get("image_model")):
-            raise ConfigError(f"{path}: field 'image_model' (the open_clip image tower, with its tag "
-                              "in 'pretrained') is for, and needed by, loader mclip")
+            raise ConfigError(
+                f"{path}: field 'image_model' (the open_clip image tower, with its tag "
+                "in 'pretrained') is for, and needed by, loader mclip"
+            )
         text_length = raw.get("text_length")
         if text_length is not None and (not isinstance(text_length, int) or text_length < 2):
             raise ConfigError(f"{path}: field 'text_length' = {text_length!r}: an integer >= 2")
@@ -84,11 +102,19 @@ class ZooEntry:
             import transformers
 
             if not hasattr(transformers, "MetaClip2Model"):
-                raise ConfigError(f"zoo:{self.name}: transformers {transformers.__version__} has no "
-                                  "MetaClip2Model; install a release that has it")
-        return DualSpec(library, self.model, self.pretrained, revision or self.revision,
-                        remote_code=self.loader == "hf_remote", text_length=self.text_length,
-                        image_model=self.image_model)
+                raise ConfigError(
+                    f"zoo:{self.name}: transformers {transformers.__version__} has no "
+                    "MetaClip2Model; install a release that has it"
+                )
+        return DualSpec(
+            library,
+            self.model,
+            self.pretrained,
+            revision or self.revision,
+            remote_code=self.loader == "hf_remote",
+            text_length=self.text_length,
+            image_model=self.image_model,
+        )
 
 
 ENCODERS_KEY = "method.encoders"
@@ -113,13 +139,17 @@ def expand_encoders(cfg, overrides: Sequence[str]) -> list[str]:
         raise ConfigError(f"{ENCODERS_KEY}={value}: expected zoo:<name> (an entry of {zoo_dir()})")
     missing = [s for s in ENCODER_SECTIONS if s not in cfg.method]
     if missing:
-        raise ConfigError(f"{ENCODERS_KEY}: method {cfg.method.name} has no top-level "
-                          f"{' / '.join(missing)} (its encoders are set elsewhere in its preset)")
+        raise ConfigError(
+            f"{ENCODERS_KEY}: method {cfg.method.name} has no top-level "
+            f"{' / '.join(missing)} (its encoders are set elsewhere in its preset)"
+        )
     if cfg.method.name not in POOLED_METHODS:
-        raise ConfigError(f"{ENCODERS_KEY}: method {cfg.method.name} reads token states, which a "
-                          f"pretrained dual encoder's towers do not give (one embedding each); "
-                          f"fine-tune with {' or '.join(POOLED_METHODS)}, or name open_clip:/hf: "
-                          "encoders in its image_encoder / text_encoder")
+        raise ConfigError(
+            f"{ENCODERS_KEY}: method {cfg.method.name} reads token states, which a "
+            f"pretrained dual encoder's towers do not give (one embedding each); "
+            f"fine-tune with {' or '.join(POOLED_METHODS)}, or name open_clip:/hf: "
+            "encoders in its image_encoder / text_encoder"
+        )
     spec = entry(value.removeprefix(PREFIX)).spec().to_dict()
     for section in ENCODER_SECTIONS:
         cfg.method[section] = {"name": "pretrained", "spec": dict(spec)}
@@ -153,34 +183,55 @@ def _hub_offline() -> bool:
 def _in_hf_cache(repo: str, filenames: Sequence[str], revision: str | None) -> bool:
     from huggingface_hub import try_to_load_from_cache
 
-    return any(isinstance(try_to_load_from_cache(repo, f, revision=revision), str) for f in filenames)
+    return any(
+        isinstance(try_to_load_from_cache(repo, f, revision=revision), str) for f in filenames
+    )
 
 
 def _weights_cached(spec: DualSpec) -> bool:
     """Whether the weights are on this machine (a folder, or the hub / open_clip cache)."""
     if spec.library == "mclip":
         image = DualSpec("open_clip", spec.image_model, spec.pretrained)
-        return _weights_cached(DualSpec("hf", spec.model, revision=spec.revision)) and _weights_cached(image)
+        return _weights_cached(
+            DualSpec("hf", spec.model, revision=spec.revision)
+        ) and _weights_cached(image)
     if spec.library == "hf":
         if Path(spec.model).is_dir():
             return True
         return _in_hf_cache(spec.model, ("config.json",), spec.revision) and _in_hf_cache(
-            spec.model, ("model.safetensors", "pytorch_model.bin", "model.safetensors.index.json",
-                         "pytorch_model.bin.index.json"), spec.revision)
+            spec.model,
+            (
+                "model.safetensors",
+                "pytorch_model.bin",
+                "model.safetensors.index.json",
+                "pytorch_model.bin.index.json",
+            ),
+            spec.revision,
+        )
     if spec.model.startswith("local-dir:"):
         return Path(spec.model.removeprefix("local-dir:")).is_dir()
     if spec.model.startswith("hf-hub:"):
-        return _in_hf_cache(spec.model.removeprefix("hf-hub:"),
-                            ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"), None)
+        return _in_hf_cache(
+            spec.model.removeprefix("hf-hub:"),
+            ("open_clip_model.safetensors", "open_clip_pytorch_model.bin"),
+            None,
+        )
     if spec.pretrained and Path(spec.pretrained).is_file():
         return True
     from open_clip.pretrained import get_pretrained_cfg
 
     cfg = get_pretrained_cfg(spec.model, spec.pretrained or "")
     if cfg.get("hf_hub"):
-        repo, filename = os.path.split(cfg["hf_hub"].rstrip("/")) if not cfg["hf_hub"].endswith("/") \
+        repo, filename = (
+            os.path.split(cfg["hf_hub"].rstrip("/"))
+            if not cfg["hf_hub"].endswith("/")
             else (cfg["hf_hub"].rstrip("/"), "")
-        names = (filename,) if filename else ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+        )
+        names = (
+            (filename,)
+            if filename
+            else ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
+        )
         return _in_hf_cache(repo, names, None)
     if cfg.get("url"):
         cache = Path(os.path.expanduser("~/.cache/clip"))
@@ -197,12 +248,17 @@ def skip_reason(zoo_entry: ZooEntry) -> str | None:
     except ConfigError as err:
         return str(err)
     if not _weights_cached(spec):
-        return "not in the local cache" + (" and hub access is off (HF_HUB_OFFLINE)" if _hub_offline()
-                                           else f" (make eval MODEL=zoo:{zoo_entry.name} downloads it)")
+        return "not in the local cache" + (
+            " and hub access is off (HF_HUB_OFFLINE)"
+            if _hub_offline()
+            else f" (make eval MODEL=zoo:{zoo_entry.name} downloads it)"
+        )
     return None
 
 
-def eval_zoo(overrides: Sequence[str], device: str = "auto") -> tuple[list[Path], list[tuple[str, str]]]:
+def eval_zoo(
+    overrides: Sequence[str], device: str = "auto"
+) -> tuple[list[Path], list[tuple[str, str]]]:
     """Score every locally available zoo entry; return the run folders and the skipped entries
     with their reasons (a model that fails to load or score is listed with its error)."""
     from experiments import external
@@ -212,13 +268,18 @@ def eval_zoo(overrides: Sequence[str], device: str = "auto") -> tuple[list[Path]
         reason = skip_reason(zoo_entry)
         if reason is None:
             try:
-                scored.append(external.score_external(external.ModelSpec.from_zoo(zoo_entry),
-                                                      overrides, device))
+                scored.append(
+                    external.score_external(
+                        external.ModelSpec.from_zoo(zoo_entry), overrides, device
+                    )
+                )
                 continue
             except (ConfigError, ValueError, OSError, RuntimeError) as err:
                 reason = "failed: " + " ".join(str(err).split())[:300]
         skipped.append((zoo_entry.name, reason))
-    print(f"zoo: scored {len(scored)} of {len(scored) + len(skipped)} models; skipped {len(skipped)}:")
+    print(
+        f"zoo: scored {len(scored)} of {len(scored) + len(skipped)} models; skipped {len(skipped)}:"
+    )
     for name, reason in skipped:
         print(f"  {name}: {reason}")
     return scored, skipped

@@ -16,8 +16,14 @@ from methods.registry import register
 if TYPE_CHECKING:
     from methods.layers.base import RetrievalModule
 
-METHOD_MODULES = ("methods.clip", "methods.ccrk", "methods.mclip", "methods.cl2cm", "methods.covlr",
-                  "methods.rc3")
+METHOD_MODULES = (
+    "methods.clip",
+    "methods.ccrk",
+    "methods.mclip",
+    "methods.cl2cm",
+    "methods.covlr",
+    "methods.rc3",
+)
 
 
 def _import_methods() -> None:

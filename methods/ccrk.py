@@ -58,15 +58,19 @@ def resolve_settings(method) -> Any:
     ablation = method.get("ablation")
     table = method.get("ablations") or {}
     if ablation is not None and ablation not in table:
-        raise ValueError(f"ccrk ablation {ablation!r} (method.ablation, from variant=) is not one of "
-                         f"{sorted(table)}; to label a run freely set method.ablation=null")
+        raise ValueError(
+            f"ccrk ablation {ablation!r} (method.ablation, from variant=) is not one of "
+            f"{sorted(table)}; to label a run freely set method.ablation=null"
+        )
     added_later = {"use_fusion": True}  # runs stored before the key existed trained the full model
     settings = OmegaConf.merge(added_later, method, table[ablation] if ablation is not None else {})
     for key, allowed in (("contrastive", CONTRASTIVE), ("rerank_score", RERANK_SCORES)):
         if settings[key] not in allowed:
             raise ValueError(f"method.{key}: expected one of {allowed}, got {settings[key]!r}")
     if settings.contrastive == "none" and not settings.use_fusion:
-        raise ValueError("method.contrastive=none with method.use_fusion=false leaves no loss to train")
+        raise ValueError(
+            "method.contrastive=none with method.use_fusion=false leaves no loss to train"
+        )
     return settings
 
 
@@ -82,12 +86,16 @@ def seed_layer_indices(choice: Any, fusion_layers: int, text_layers: int) -> lis
         return [max(0, text_layers - fusion_layers + i) for i in range(fusion_layers)]
     indices = list(choice)
     if len(indices) != fusion_layers:
-        raise ValueError(f"method.fusion: init_from_text_layers has {len(indices)} layers but "
-                         f"fusion.layers is {fusion_layers}")
+        raise ValueError(
+            f"method.fusion: init_from_text_layers has {len(indices)} layers but "
+            f"fusion.layers is {fusion_layers}"
+        )
     return indices
 
 
-def build_text_and_fusion(method: Any, data: Any, image_dim: int) -> tuple[TextEncoder, FusionEncoder]:
+def build_text_and_fusion(
+    method: Any, data: Any, image_dim: int
+) -> tuple[TextEncoder, FusionEncoder]:
     """The multilingual text encoder and the fusion encoder (text attends to image).
 
     With ``fusion.init_from_text_layers`` (a list of layers, or ``upper``: the default preset, as
@@ -104,21 +112,34 @@ def build_text_and_fusion(method: Any, data: Any, image_dim: int) -> tuple[TextE
     hf_model = getattr(text.backbone, "model", None)
     if heads is None:
         if hf_model is None:
-            raise ValueError("method.fusion.heads=null takes the heads of an 'hf:' text encoder; "
-                             "set fusion.heads for this one")
+            raise ValueError(
+                "method.fusion.heads=null takes the heads of an 'hf:' text encoder; "
+                "set fusion.heads for this one"
+            )
         heads = hf_model.config.num_attention_heads
     if choice is None:
-        return text, FusionEncoder(text.out_dim, image_dim, layers=method.fusion.layers, heads=heads)
+        return text, FusionEncoder(
+            text.out_dim, image_dim, layers=method.fusion.layers, heads=heads
+        )
     if hf_model is None:
-        raise ValueError("method.fusion.init_from_text_layers needs an 'hf:' text encoder (the world's "
-                         "is one); set it to null for a randomly initialised fusion encoder")
+        raise ValueError(
+            "method.fusion.init_from_text_layers needs an 'hf:' text encoder (the world's "
+            "is one); set it to null for a randomly initialised fusion encoder"
+        )
     hf_config = hf_model.config
     if heads != hf_config.num_attention_heads:
-        raise ValueError(f"method.fusion.heads={heads}, but the text layers that seed the fusion have "
-                         f"{hf_config.num_attention_heads} heads; set fusion.heads to match (or null)")
+        raise ValueError(
+            f"method.fusion.heads={heads}, but the text layers that seed the fusion have "
+            f"{hf_config.num_attention_heads} heads; set fusion.heads to match (or null)"
+        )
     indices = seed_layer_indices(choice, method.fusion.layers, len(hf_model.encoder.layer))
-    fusion = fusion_from_hf_layers([hf_model.encoder.layer[i] for i in indices], text.out_dim, image_dim,
-                                   heads=heads, mlp_ratio=hf_config.intermediate_size / hf_config.hidden_size)
+    fusion = fusion_from_hf_layers(
+        [hf_model.encoder.layer[i] for i in indices],
+        text.out_dim,
+        image_dim,
+        heads=heads,
+        mlp_ratio=hf_config.intermediate_size / hf_config.hidden_size,
+    )
     if keep is not None:
         keep_layers(hf_model, keep)
     return text, fusion
@@ -141,14 +162,25 @@ class CCRk(RetrievalModule):
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
         self.method_cfg = resolve_settings(self.method_cfg)
-        method, data = self.method_cfg, self.data_info  # normalised by the base (checkpoints store dicts)
-        if method.contrastive == "none" and self.eval_cfg.rerank_k == 0 and not self.scores_every_pair:
-            raise ValueError("method.contrastive=none (w/o CL) ranks every candidate by ITM: set "
-                             "evaluation.scorer=cross_encoder (or, as runs before it did, evaluation.rerank_k "
-                             "to at least the number of candidates)")
+        method, data = (
+            self.method_cfg,
+            self.data_info,
+        )  # normalised by the base (checkpoints store dicts)
+        if (
+            method.contrastive == "none"
+            and self.eval_cfg.rerank_k == 0
+            and not self.scores_every_pair
+        ):
+            raise ValueError(
+                "method.contrastive=none (w/o CL) ranks every candidate by ITM: set "
+                "evaluation.scorer=cross_encoder (or, as runs before it did, evaluation.rerank_k "
+                "to at least the number of candidates)"
+            )
         if not method.use_fusion and (self.eval_cfg.rerank_k > 0 or self.scores_every_pair):
-            raise ValueError("method.use_fusion=false (pure contrastive) has no ITM head to score pairs with: "
-                             "set evaluation.rerank_k=0 and evaluation.scorer=embeddings")
+            raise ValueError(
+                "method.use_fusion=false (pure contrastive) has no ITM head to score pairs with: "
+                "set evaluation.rerank_k=0 and evaluation.scorer=embeddings"
+            )
         self.image_encoder = ImageEncoder.from_config(method.image_encoder, data)
         self.text_encoder, fusion = build_text_and_fusion(method, data, self.image_encoder.out_dim)
         width = self.text_encoder.out_dim
@@ -158,10 +190,18 @@ class CCRk(RetrievalModule):
             self.fusion = fusion
             self.itm_head = ITMHead(width)
             embeddings = self.text_encoder.input_embeddings()
-            self.mlm_head = MLMHead(width, embeddings.num_embeddings,
-                                    tie_to=embeddings if method.mlm.tie_to_embeddings else None)
+            self.mlm_head = MLMHead(
+                width,
+                embeddings.num_embeddings,
+                tie_to=embeddings if method.mlm.tie_to_embeddings else None,
+            )
         self.temperature = LearnableTemperature(**method.temperature)
-        self.special_token_ids = (data.pad_token_id, data.cls_token_id, data.eos_token_id, data.mask_token_id)
+        self.special_token_ids = (
+            data.pad_token_id,
+            data.cls_token_id,
+            data.eos_token_id,
+            data.mask_token_id,
+        )
 
     # ---- dual encoder (retrieval embeddings) ---------------------------------------------------
 
@@ -176,7 +216,10 @@ class CCRk(RetrievalModule):
     def encode_captions(self, input_ids: Tensor, attention_mask: Tensor) -> TextOutput:
         """Text encoder over length buckets (see ``length_buckets``)."""
         order, groups = length_buckets(attention_mask, self.method_cfg.length_buckets)
-        outputs = [self.text_encoder(input_ids[rows, :size], attention_mask[rows, :size]) for rows, size in groups]
+        outputs = [
+            self.text_encoder(input_ids[rows, :size], attention_mask[rows, :size])
+            for rows, size in groups
+        ]
         states = merge_buckets([out.states for out in outputs], order, input_ids.shape[1])
         pooled = torch.cat([out.pooled for out in outputs])[order.argsort()]
         return TextOutput(states=states, pooled=pooled, mask=attention_mask.bool())
@@ -184,22 +227,30 @@ class CCRk(RetrievalModule):
     def fuse(self, text_states: Tensor, text_mask: Tensor, image_states: Tensor) -> Tensor:
         """Fusion encoder (caption tokens attend to all image tokens), over length buckets."""
         order, groups = length_buckets(text_mask, self.method_cfg.length_buckets)
-        parts = [self.fusion(text_states[rows, :size], text_mask[rows, :size], image_states[rows])
-                 for rows, size in groups]
+        parts = [
+            self.fusion(text_states[rows, :size], text_mask[rows, :size], image_states[rows])
+            for rows, size in groups
+        ]
         return merge_buckets(parts, order, text_states.shape[1])
 
     def _chunked_fuse(self, text_states: Tensor, text_mask: Tensor, image_states: Tensor) -> Tensor:
         """``fuse`` in ``optim.grad_cache_chunks`` micro-batches (training)."""
-        return encode_in_chunks(self.fuse, text_states, text_mask, image_states, chunks=self.grad_cache_chunks)
+        return encode_in_chunks(
+            self.fuse, text_states, text_mask, image_states, chunks=self.grad_cache_chunks
+        )
 
     # ---- training --------------------------------------------------------------------------------
 
     def training_step(self, batch: dict, batch_idx: int) -> Tensor:
         images = batch["images"]
         batch_size, languages, length = batch["input_ids"].shape
-        input_ids = batch["input_ids"].reshape(batch_size * languages, length)  # image-major rows j*K + k
+        input_ids = batch["input_ids"].reshape(
+            batch_size * languages, length
+        )  # image-major rows j*K + k
         attention_mask = batch["attention_mask"].reshape(batch_size * languages, length).clone()
-        attention_mask[:, 0] = 1  # an absent caption (all padding) still attends to one token; no loss uses it
+        attention_mask[:, 0] = (
+            1  # an absent caption (all padding) still attends to one token; no loss uses it
+        )
         present = batch["present"].reshape(-1).bool()
         self.temperature.clamp_()  # [ref]: τ is put back into its bounds before every forward pass
 
@@ -213,51 +264,100 @@ class CCRk(RetrievalModule):
         if self.method_cfg.contrastive != "none":  # w/o CL drops it
             losses["kcl"] = self.contrastive_loss(image_feat, text_feat, temperature, present)
         if self.method_cfg.use_fusion:  # pure contrastive drops MITM and CMLM
-            samples = sample_hard_examples(image_feat, text_feat, temperature, self.method_cfg.hard_mining,
-                                           present)
-            losses["mitm"] = self.matching_loss(text.states, text.mask, image_states, image_feat, text_feat,
-                                                temperature, present, samples)
-            losses["cmlm"] = self.masked_lm_loss(input_ids, attention_mask, image_states, present, samples)
+            samples = sample_hard_examples(
+                image_feat, text_feat, temperature, self.method_cfg.hard_mining, present
+            )
+            losses["mitm"] = self.matching_loss(
+                text.states,
+                text.mask,
+                image_states,
+                image_feat,
+                text_feat,
+                temperature,
+                present,
+                samples,
+            )
+            losses["cmlm"] = self.masked_lm_loss(
+                input_ids, attention_mask, image_states, present, samples
+            )
         total = sum(losses.values())  # Eq. 6: unweighted sum
 
-        self.log_dict({f"train/{name}": value.detach() for name, value in losses.items()}, batch_size=batch_size)
+        self.log_dict(
+            {f"train/{name}": value.detach() for name, value in losses.items()},
+            batch_size=batch_size,
+        )
         self.log("train/temperature", temperature.detach(), batch_size=batch_size)
-        self.log("train/absent_captions", (~present).sum().float(), batch_size=batch_size)  # no host read
+        self.log(
+            "train/absent_captions", (~present).sum().float(), batch_size=batch_size
+        )  # no host read
         return total
 
-    def contrastive_loss(self, image_feat: Tensor, text_feat: Tensor, temperature: Tensor, present: Tensor) -> Tensor:
+    def contrastive_loss(
+        self, image_feat: Tensor, text_feat: Tensor, temperature: Tensor, present: Tensor
+    ) -> Tensor:
         """KCL over all K captions, or (w/o KCL) 1-to-1 InfoNCE on one uniformly drawn language."""
         cfg = self.method_cfg
         if cfg.contrastive == "one_to_one":
             rows = draw_positive_text(present.view(len(image_feat), -1).float())
-            terms = one_to_k_loss(image_feat, text_feat[rows], temperature, weighting=cfg.kcl_weighting)
+            terms = one_to_k_loss(
+                image_feat, text_feat[rows], temperature, weighting=cfg.kcl_weighting
+            )
         else:
-            terms = one_to_k_loss(image_feat, text_feat, temperature, present, weighting=cfg.kcl_weighting)
-        self.log_dict({"train/kcl_i2t": terms.i2t.detach(), "train/kcl_t2i": terms.t2i.detach()},
-                      batch_size=len(image_feat))
+            terms = one_to_k_loss(
+                image_feat, text_feat, temperature, present, weighting=cfg.kcl_weighting
+            )
+        self.log_dict(
+            {"train/kcl_i2t": terms.i2t.detach(), "train/kcl_t2i": terms.t2i.detach()},
+            batch_size=len(image_feat),
+        )
         return terms.total
 
-    def matching_loss(self, text_states: Tensor, text_mask: Tensor, image_states: Tensor, image_feat: Tensor,
-                      text_feat: Tensor, temperature: Tensor, present: Tensor, samples: HardSamples) -> Tensor:
+    def matching_loss(
+        self,
+        text_states: Tensor,
+        text_mask: Tensor,
+        image_states: Tensor,
+        image_feat: Tensor,
+        text_feat: Tensor,
+        temperature: Tensor,
+        present: Tensor,
+        samples: HardSamples,
+    ) -> Tensor:
         """MITM on the hard samples, or (w/o H-MITM) on uniformly drawn positives and negatives."""
         if not self.method_cfg.hard_mitm:
             samples = sample_hard_examples(image_feat, text_feat, temperature, "uniform", present)
-        return matching_loss(self._chunked_fuse, self.itm_head, text_states, text_mask, image_states,
-                             samples).loss
+        return matching_loss(
+            self._chunked_fuse, self.itm_head, text_states, text_mask, image_states, samples
+        ).loss
 
-    def masked_lm_loss(self, input_ids: Tensor, attention_mask: Tensor, image_states: Tensor, present: Tensor,
-                       samples: HardSamples) -> Tensor:
+    def masked_lm_loss(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        image_states: Tensor,
+        present: Tensor,
+        samples: HardSamples,
+    ) -> Tensor:
         """CMLM: mask the hard positive caption (or, w/o H-CMLM, a uniformly drawn language), re-encode
         it, fuse it with its image and predict the original tokens at the masked positions."""
         if self.method_cfg.hard_cmlm:
             rows = samples.positive_text
         else:
             rows = draw_positive_text(present.view(len(image_states), -1).float())
-        masked = mask_tokens(input_ids[rows], attention_mask[rows], self.data_info.mask_token_id,
-                             self.mlm_head.decoder.out_features, self.special_token_ids,
-                             self.method_cfg.mlm.mask_probability)
-        text = encode_in_chunks(self.encode_captions, masked.input_ids, attention_mask[rows],
-                                chunks=self.grad_cache_chunks)
+        masked = mask_tokens(
+            input_ids[rows],
+            attention_mask[rows],
+            self.data_info.mask_token_id,
+            self.mlm_head.decoder.out_features,
+            self.special_token_ids,
+            self.method_cfg.mlm.mask_probability,
+        )
+        text = encode_in_chunks(
+            self.encode_captions,
+            masked.input_ids,
+            attention_mask[rows],
+            chunks=self.grad_cache_chunks,
+        )
         fused = self._chunked_fuse(text.states, text.mask, image_states)
         selected = masked.labels != IGNORE_INDEX
         logits = self.mlm_head(fused[selected])
@@ -272,8 +372,11 @@ class CCRk(RetrievalModule):
         if self.method_cfg.use_fusion and self.method_cfg.fusion.init_from_text_layers is None:
             prefixes.append("fusion")  # a random fusion encoder is new as a whole
         elif self.method_cfg.use_fusion:
-            prefixes += [f"fusion.layers.{i}.{part}" for i in range(len(self.fusion.layers))
-                         for part in ("cross_attn", "norm_cross")]
+            prefixes += [
+                f"fusion.layers.{i}.{part}"
+                for i in range(len(self.fusion.layers))
+                for part in ("cross_attn", "norm_cross")
+            ]
         return {prefix: scale for prefix in prefixes}
 
     # ---- evaluation: the cross-encoder (ITM re-ranking, every pair) ------------------------------
@@ -286,13 +389,19 @@ class CCRk(RetrievalModule):
         """Token ids and masks; the scored captions are encoded block by block when scoring."""
         return {"input_ids": input_ids, "attention_mask": attention_mask}
 
-    def cross_encoder(self, image_cache: Tensor, text_cache: Mapping[str, Tensor]) -> FusionScorer | None:
+    def cross_encoder(
+        self, image_cache: Tensor, text_cache: Mapping[str, Tensor]
+    ) -> FusionScorer | None:
         if not self.method_cfg.use_fusion:
             return None
-        return FusionScorer(self, image_cache, text_cache["input_ids"], text_cache["attention_mask"])
+        return FusionScorer(
+            self, image_cache, text_cache["input_ids"], text_cache["attention_mask"]
+        )
 
     @torch.no_grad()
-    def match_scores(self, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def match_scores(
+        self, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor
+    ) -> Tensor:
         """ITM score of each (image, caption) pair (see ``fused_scores``), the captions encoded here."""
         text = self.encode_captions(input_ids, attention_mask)
         return self.fused_scores(image_states, text.states, text.mask)
@@ -307,14 +416,18 @@ class CCRk(RetrievalModule):
         for the gold and its near misses alike, and the tied candidates then share their ranks.
         """
         logits = self.itm_head(self.fuse(text_states, text_mask, image_states)[:, 0]).float()
-        return logits[:, 1] - logits[:, 0] if self.method_cfg.rerank_score == "prob" else logits[:, 1]
+        return (
+            logits[:, 1] - logits[:, 0] if self.method_cfg.rerank_score == "prob" else logits[:, 1]
+        )
 
 
 class FusionScorer:
     """CCRk's cross-encoder as a ``PairScorer``: a block of captions goes through the text encoder
     once, each pair through the fusion encoder and ITM head."""
 
-    def __init__(self, module: CCRk, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor):
+    def __init__(
+        self, module: CCRk, image_states: Tensor, input_ids: Tensor, attention_mask: Tensor
+    ):
         self.module, self.image_states = module, image_states
         self.input_ids, self.attention_mask = input_ids, attention_mask
         self.device = image_states.device
@@ -325,4 +438,6 @@ class FusionScorer:
 
     @torch.no_grad()
     def score(self, images: Tensor, block: TextOutput, rows: Tensor) -> Tensor:
-        return self.module.fused_scores(self.image_states[images], block.states[rows], block.mask[rows])
+        return self.module.fused_scores(
+            self.image_states[images], block.states[rows], block.mask[rows]
+        )

@@ -81,8 +81,11 @@ class CL2CM(RetrievalModule):
         self.image_encoder = ImageEncoder.from_config(cfg.image_encoder, data)
         self.text_encoder = TextEncoder.from_config(cfg.text_encoder, data)
         width = self.image_encoder.out_dim
-        self.image_head = (nn.Identity() if width == cfg.embed_dim
-                           else ProjectionHead(width, cfg.embed_dim, normalize=False))
+        self.image_head = (
+            nn.Identity()
+            if width == cfg.embed_dim
+            else ProjectionHead(width, cfg.embed_dim, normalize=False)
+        )
         self.text_head = ProjectionHead(self.text_encoder.out_dim, cfg.embed_dim, normalize=False)
         self.temperature = LearnableTemperature(**cfg.temperature)
 
@@ -106,13 +109,17 @@ class CL2CM(RetrievalModule):
         """Every enabled loss term of one batch of triples (keys as logged under ``loss/``)."""
         cfg = self.settings
         tau_n = self.temperature()
-        target = self.text_encoder(*trim_padding(batch["tgt_input_ids"], batch["tgt_attention_mask"]))
+        target = self.text_encoder(
+            *trim_padding(batch["tgt_input_ids"], batch["tgt_attention_mask"])
+        )
         f_t = self.text_features(target)
         f_v = self.encode_images(batch["images"])
         losses = {"cm_inst": info_nce(f_v, f_t, tau_n)}
         if not (cfg.use_cl_inst or cfg.use_word_align or cfg.use_ckt):
             return losses  # the baseline: the CM network alone
-        source = self.text_encoder(*trim_padding(batch["src_input_ids"], batch["src_attention_mask"]))
+        source = self.text_encoder(
+            *trim_padding(batch["src_input_ids"], batch["src_attention_mask"])
+        )
         ws, wt = word_mask(source.mask), word_mask(target.mask)
         hs, ht = F.normalize(source.states, dim=-1), F.normalize(target.states, dim=-1)
         cls_s, cls_t = F.normalize(source.pooled, dim=-1), F.normalize(target.pooled, dim=-1)
@@ -124,33 +131,46 @@ class CL2CM(RetrievalModule):
             student = f_v @ gather_with_grad(f_t).t()
             with torch.no_grad():
                 teacher = self.teacher_similarity(cls_s, cls_t, hs, ht, ws, wt)
-            losses["ckt"] = relational_kd_loss(student, teacher, cfg.kd_temperature, cfg.kl_direction)
+            losses["ckt"] = relational_kd_loss(
+                student, teacher, cfg.kd_temperature, cfg.kl_direction
+            )
         return losses
 
-    def word_loss(self, source: TextOutput, target: TextOutput, hs: Tensor, ht: Tensor,
-                  ws: Tensor, wt: Tensor) -> Tensor:
+    def word_loss(
+        self, source: TextOutput, target: TextOutput, hs: Tensor, ht: Tensor, ws: Tensor, wt: Tensor
+    ) -> Tensor:
         """L_word: token cosines of each positive pair against their pseudo-labels."""
         cfg = self.settings
         similarity = torch.einsum("bmh,bnh->bmn", hs, ht)
         if cfg.pseudo_label == "ot":
-            plan = sinkhorn_plan(similarity, ws, wt, epsilon=cfg.ot.epsilon,
-                                 iterations=cfg.ot.iterations, variant=cfg.ot.variant,
-                                 marginal_penalty=cfg.ot.marginal_penalty,
-                                 partial_mass=cfg.ot.partial_mass)
+            plan = sinkhorn_plan(
+                similarity,
+                ws,
+                wt,
+                epsilon=cfg.ot.epsilon,
+                iterations=cfg.ot.iterations,
+                variant=cfg.ot.variant,
+                marginal_penalty=cfg.ot.marginal_penalty,
+                partial_mass=cfg.ot.partial_mass,
+            )
             labels, rows = ot_pseudo_labels(plan, ws, wt, cfg.word_label_norm)
         else:
             labels, rows = attention_pseudo_labels(source.states, target.states, ws, wt)
         return word_align_loss(similarity, labels, rows, wt, cfg.word_temperature)
 
-    def teacher_similarity(self, cls_s: Tensor, cls_t: Tensor, hs: Tensor, ht: Tensor,
-                           ws: Tensor, wt: Tensor) -> Tensor:
+    def teacher_similarity(
+        self, cls_s: Tensor, cls_t: Tensor, hs: Tensor, ht: Tensor, ws: Tensor, wt: Tensor
+    ) -> Tensor:
         """S_cl [B, global B]: local source captions against every process's target captions."""
         cfg = self.settings
         sentence = cls_s @ gather_padded(cls_t).t()
         word = None
-        if cfg.ckt_levels == "word" or (cfg.ckt_levels == "sent+word" and cfg.sentence_weight != 1.0):
-            word = maxsim_word_similarity(hs, gather_padded(ht, tokens=True), ws,
-                                          gather_padded(wt, tokens=True))
+        if cfg.ckt_levels == "word" or (
+            cfg.ckt_levels == "sent+word" and cfg.sentence_weight != 1.0
+        ):
+            word = maxsim_word_similarity(
+                hs, gather_padded(ht, tokens=True), ws, gather_padded(wt, tokens=True)
+            )
         return teacher_similarity(sentence, word, cfg.ckt_levels, cfg.sentence_weight)
 
     def total_loss(self, losses: dict[str, Tensor]) -> Tensor:
@@ -176,6 +196,10 @@ class CL2CM(RetrievalModule):
         """One stage trained on triples (image, source caption, translation)."""
         targets = method.target_languages
         targets = list(targets) if targets is not None else None
-        return [Stage("main", build=lambda previous: cls(method, optim, data, evaluation),
-                      dataloader=lambda dm: triple_dataloader(dm, method.source_language, targets))]
-
+        return [
+            Stage(
+                "main",
+                build=lambda previous: cls(method, optim, data, evaluation),
+                dataloader=lambda dm: triple_dataloader(dm, method.source_language, targets),
+            )
+        ]

@@ -50,8 +50,10 @@ class CLIPModule(RetrievalModule):
             self.text_proj = ProjectionHead(self.text_encoder.out_dim, method.embed_dim)
         elif projection == "none":
             if self.image_encoder.out_dim != self.text_encoder.out_dim:
-                raise ValueError(f"method.projection=none needs encoders of one width (image "
-                                 f"{self.image_encoder.out_dim}, text {self.text_encoder.out_dim})")
+                raise ValueError(
+                    f"method.projection=none needs encoders of one width (image "
+                    f"{self.image_encoder.out_dim}, text {self.text_encoder.out_dim})"
+                )
             self.image_proj, self.text_proj = Normalize(), Normalize()
         else:
             raise ValueError(f"method.projection={projection!r}: expected linear or none")
@@ -66,7 +68,7 @@ class CLIPModule(RetrievalModule):
         yield from self.image_encoder.parameters()
         yield from self.image_proj.parameters()
 
-    def train(self, mode: bool = True) -> "CLIPModule":
+    def train(self, mode: bool = True) -> CLIPModule:
         """LiT keeps the locked image tower in eval mode (no dropout, no batch statistics)."""
         super().train(mode)
         if self.lit:
@@ -86,8 +88,12 @@ class CLIPModule(RetrievalModule):
         rows = torch.arange(len(batch["present"]), device=batch["present"].device)
         language = sample_one_language(batch["present"])
         chunks = self.grad_cache_chunks
-        text_emb = encode_in_chunks(self.encode_texts, batch["input_ids"][rows, language],
-                                    batch["attention_mask"][rows, language], chunks=chunks)
+        text_emb = encode_in_chunks(
+            self.encode_texts,
+            batch["input_ids"][rows, language],
+            batch["attention_mask"][rows, language],
+            chunks=chunks,
+        )
         image_emb = encode_in_chunks(self.encode_images, batch["images"], chunks=chunks)
         return info_nce(image_emb, text_emb, self.temperature())
 

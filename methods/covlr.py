@@ -59,8 +59,10 @@ def check_precision(precision: str) -> None:
     """Only fp32 and bf16-mixed: under 16-mixed the inner gradient would be taken from an unscaled
     fp16 loss (underflow) while the outer one is loss-scaled (spec §3.5)."""
     if str(precision) not in PRECISIONS:
-        raise ValueError(f"covlr trains with trainer.precision in {PRECISIONS}, got {precision!r} "
-                         "(the virtual step needs unscaled gradients)")
+        raise ValueError(
+            f"covlr trains with trainer.precision in {PRECISIONS}, got {precision!r} "
+            "(the virtual step needs unscaled gradients)"
+        )
 
 
 def resolve_settings(method) -> OmegaConf:
@@ -70,12 +72,16 @@ def resolve_settings(method) -> OmegaConf:
     ablation = method.get("ablation")
     table = method.get("ablations") or {}
     if ablation is not None and ablation not in table:
-        raise ValueError(f"covlr ablation {ablation!r} (method.ablation, from variant=) is not one of "
-                         f"{sorted(table)}; to label a run freely set method.ablation=null")
+        raise ValueError(
+            f"covlr ablation {ablation!r} (method.ablation, from variant=) is not one of "
+            f"{sorted(table)}; to label a run freely set method.ablation=null"
+        )
     added_later = {"uni_labels": "object"}
     settings = OmegaConf.merge(added_later, method, table[ablation] if ablation is not None else {})
     if settings.uni_labels not in LABEL_LEVELS:
-        raise ValueError(f"method.uni_labels: expected one of {LABEL_LEVELS}, got {settings.uni_labels!r}")
+        raise ValueError(
+            f"method.uni_labels: expected one of {LABEL_LEVELS}, got {settings.uni_labels!r}"
+        )
     return settings
 
 
@@ -86,9 +92,11 @@ def label_classes(level: str, data) -> Tensor | None:
         return None
     categories = list(getattr(data, "object_categories", None) or [])
     if len(categories) != data.num_objects:
-        raise ValueError(f"method.uni_labels=category needs the category of each of the data's "
-                         f"{data.num_objects} object labels (DataInfo.object_categories), got "
-                         f"{len(categories)}; use method.uni_labels=object (variant=objects)")
+        raise ValueError(
+            f"method.uni_labels=category needs the category of each of the data's "
+            f"{data.num_objects} object labels (DataInfo.object_categories), got "
+            f"{len(categories)}; use method.uni_labels=object (variant=objects)"
+        )
     names = sorted(set(categories))
     rows = torch.arange(len(categories))
     columns = torch.tensor([names.index(category) for category in categories], dtype=torch.long)
@@ -97,7 +105,9 @@ def label_classes(level: str, data) -> Tensor | None:
     return classes
 
 
-def encode_in_buckets(tower, input_ids: Tensor, attention_mask: Tensor, buckets: int) -> tuple[Tensor, Tensor]:
+def encode_in_buckets(
+    tower, input_ids: Tensor, attention_mask: Tensor, buckets: int
+) -> tuple[Tensor, Tensor]:
     """``tower(ids, mask) -> (states, pooled)`` over length groups (CCRk's ``length_buckets``): the
     same result as one padded call, without most pad tokens (captions average 20 of 48 tokens in
     the default world, ja/zh set the maximum). States come back ``[N, L, D]``, zero at padding."""
@@ -157,8 +167,10 @@ class CoVLR(RetrievalModule):
         self.register_buffer("label_classes", classes, persistent=False)
         num_classes = data.num_objects if classes is None else classes.shape[1]
         if cfg.uni_text_captions not in UNI_TEXT_CAPTIONS:
-            raise ValueError(f"method.uni_text_captions: expected one of {UNI_TEXT_CAPTIONS}, "
-                             f"got {cfg.uni_text_captions!r}")
+            raise ValueError(
+                f"method.uni_text_captions: expected one of {UNI_TEXT_CAPTIONS}, "
+                f"got {cfg.uni_text_captions!r}"
+            )
         width = cfg.d_model
         self.image_tower = ImageTower(ImageEncoder.from_config(cfg.image_encoder, data), width)
         self.text_tower = TextTower(TextEncoder.from_config(cfg.text_encoder, data), width)
@@ -185,7 +197,12 @@ class CoVLR(RetrievalModule):
             new.append(self.text_uni_head)
         for module in new:
             bert_init_(module)
-        self.special_token_ids = (data.pad_token_id, data.cls_token_id, data.eos_token_id, data.mask_token_id)
+        self.special_token_ids = (
+            data.pad_token_id,
+            data.cls_token_id,
+            data.eos_token_id,
+            data.mask_token_id,
+        )
         self._inner_grads: dict[str, Tensor] | None = None
 
     @staticmethod
@@ -195,19 +212,29 @@ class CoVLR(RetrievalModule):
         if mode == "auto":
             return "cls" if num_objects > 0 else "nce"
         if mode == "cls" and num_objects == 0:
-            raise ValueError("method.uni_mode=cls needs object labels, but the data has none (use nce or auto)")
+            raise ValueError(
+                "method.uni_mode=cls needs object labels, but the data has none (use nce or auto)"
+            )
         return mode
 
     def _uni_head(self, width: int, embed_dim: int, num_classes: int) -> nn.Module:
         """φ_cls: a linear classifier (``cls``); ψ: a projection with L2 output (``nce``)."""
-        return nn.Linear(width, num_classes) if self.uni_mode == "cls" else ProjectionHead(width, embed_dim)
+        return (
+            nn.Linear(width, num_classes)
+            if self.uni_mode == "cls"
+            else ProjectionHead(width, embed_dim)
+        )
 
     def class_targets(self, objects: Tensor) -> Tensor:
         """The batch's multi-hot object labels ``[B, num_objects]`` as multi-hot classes ``[B, C]``
         (an image holding two objects of one category has that category once)."""
         if self.label_classes is None:
             return objects
-        return (objects.to(self.label_classes.dtype) @ self.label_classes).clamp(max=1).to(objects.dtype)
+        return (
+            (objects.to(self.label_classes.dtype) @ self.label_classes)
+            .clamp(max=1)
+            .to(objects.dtype)
+        )
 
     # ---- parameter groups (spec §2.2) -------------------------------------------------------------
 
@@ -222,20 +249,34 @@ class CoVLR(RetrievalModule):
         }
         groups = {key: [p for p in prefixes if p in present] for key, prefixes in groups.items()}
         cfg = self.method_cfg
-        groups["virt"] = [tower for tower, read in (("image_tower", cfg.use_uni_img), ("text_tower", cfg.use_uni_txt))
-                          if read]
+        groups["virt"] = [
+            tower
+            for tower, read in (("image_tower", cfg.use_uni_img), ("text_tower", cfg.use_uni_txt))
+            if read
+        ]
         return groups
 
     def virtual_parameter_names(self) -> list[str]:
         """Names of the trainable parameters the virtual step moves."""
         prefixes = tuple(f"{tower}." for tower in self.parameter_groups()["virt"])
-        return [n for n, p in self.named_parameters() if p.requires_grad and prefixes and n.startswith(prefixes)]
+        return [
+            n
+            for n, p in self.named_parameters()
+            if p.requires_grad and prefixes and n.startswith(prefixes)
+        ]
 
     def lr_scales(self) -> dict[str, float]:
         """Everything but the (pretrained) encoders trains at ``new_param_lr_scale`` x lr (spec §5)."""
         scale = self.method_cfg.new_param_lr_scale
         groups = self.parameter_groups()
-        prefixes = ["image_tower.adapter", "text_tower.adapter", "cross_i2t", "cross_t2i", *groups["cro"], *groups["uni"]]
+        prefixes = [
+            "image_tower.adapter",
+            "text_tower.adapter",
+            "cross_i2t",
+            "cross_t2i",
+            *groups["cro"],
+            *groups["uni"],
+        ]
         return {prefix: scale for prefix in prefixes}
 
     # ---- dual encoder (retrieval embeddings) ---------------------------------------------------
@@ -247,7 +288,9 @@ class CoVLR(RetrievalModule):
         """One padded call, no length buckets (as CCRk's)."""
         return self.itc_text(self.text_tower(input_ids, attention_mask)[1])
 
-    def encode_text(self, tower, input_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    def encode_text(
+        self, tower, input_ids: Tensor, attention_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
         """``tower`` (the text tower, or a functional call of it) over length buckets."""
         return encode_in_buckets(tower, input_ids, attention_mask, self.method_cfg.length_buckets)
 
@@ -271,14 +314,23 @@ class CoVLR(RetrievalModule):
         if not virtual:  # no intra-modal loss: pure consistency training
             loss = cro
         elif cfg.meta:
-            step = meta_objective(cro, dict(self.named_parameters()), virtual, intra, cfg.meta_alpha,
-                                  second_order=cfg.second_order)
+            step = meta_objective(
+                cro,
+                dict(self.named_parameters()),
+                virtual,
+                intra,
+                cfg.meta_alpha,
+                second_order=cfg.second_order,
+            )
             loss, self._inner_grads = step.loss, step.inner_grads
         else:  # plain multi-task sum, same terms at Θ
             params = dict(self.named_parameters())
             loss = cro + intra({name: params[name] for name in virtual})
         batch_size = len(view.images)
-        self.log_dict({f"train/{k}": v.detach() for k, v in {**cro_terms, **uni_terms}.items()}, batch_size=batch_size)
+        self.log_dict(
+            {f"train/{k}": v.detach() for k, v in {**cro_terms, **uni_terms}.items()},
+            batch_size=batch_size,
+        )
         return loss
 
     def on_before_optimizer_step(self, optimizer) -> None:
@@ -305,13 +357,21 @@ class CoVLR(RetrievalModule):
         present = batch["present"].bool()
         rows = torch.arange(len(present), device=present.device)
         language = sample_one_language(present)
-        view = TrainingView(images=batch["images"], input_ids=ids[rows, language], attention_mask=mask[rows, language])
+        view = TrainingView(
+            images=batch["images"],
+            input_ids=ids[rows, language],
+            attention_mask=mask[rows, language],
+        )
         if self.uni_mode == "cls":
             if "objects" not in batch:
                 raise ValueError("covlr uni_mode=cls: the training batch has no 'objects' labels")
             view.objects = self.class_targets(batch["objects"])
             if cfg.use_uni_txt and cfg.uni_text_captions == "drawn":
-                view.captions, view.caption_mask, view.caption_objects = view.input_ids, view.attention_mask, view.objects
+                view.captions, view.caption_mask, view.caption_objects = (
+                    view.input_ids,
+                    view.attention_mask,
+                    view.objects,
+                )
             elif cfg.use_uni_txt:
                 flat = present.reshape(-1)
                 view.captions = ids.reshape(-1, ids.shape[-1])[flat]
@@ -319,11 +379,18 @@ class CoVLR(RetrievalModule):
                 view.caption_objects = view.objects.repeat_interleave(present.shape[1], dim=0)[flat]
             return view
         if cfg.use_uni_img:
-            view.images_aug = flip_and_translate(view.images, cfg.nce.max_shift, cfg.nce.flip_probability)
+            view.images_aug = flip_and_translate(
+                view.images, cfg.nce.max_shift, cfg.nce.flip_probability
+            )
         if cfg.use_uni_txt:
             other, has_other = other_language(present, language)
-            dropped_ids, dropped_mask = drop_tokens(view.input_ids, view.attention_mask, self.special_token_ids,
-                                                    self.data_info.pad_token_id, cfg.nce.token_dropout)
+            dropped_ids, dropped_mask = drop_tokens(
+                view.input_ids,
+                view.attention_mask,
+                self.special_token_ids,
+                self.data_info.pad_token_id,
+                cfg.nce.token_dropout,
+            )
             view.positive_ids = torch.where(has_other[:, None], ids[rows, other], dropped_ids)
             view.positive_mask = torch.where(has_other[:, None], mask[rows, other], dropped_mask)
         return view
@@ -332,8 +399,14 @@ class CoVLR(RetrievalModule):
         """The meta-train task at Θ: ITC (+ MLM, + MPM when switched on), §3.1."""
         cfg = self.method_cfg
         image_tokens = self.image_tower(view.images)
-        text_states, text_pooled = self.encode_text(self.text_tower, view.input_ids, view.attention_mask)
-        losses = {"itc": info_nce(self.itc_image(image_tokens[:, 0]), self.itc_text(text_pooled), cfg.temperature)}
+        text_states, text_pooled = self.encode_text(
+            self.text_tower, view.input_ids, view.attention_mask
+        )
+        losses = {
+            "itc": info_nce(
+                self.itc_image(image_tokens[:, 0]), self.itc_text(text_pooled), cfg.temperature
+            )
+        }
         if cfg.use_mlm:
             losses["mlm"] = self.masked_language_loss(view, image_tokens)
         if cfg.use_mpm:
@@ -342,14 +415,22 @@ class CoVLR(RetrievalModule):
 
     def masked_language_loss(self, view: TrainingView, image_tokens: Tensor) -> Tensor:
         """Re-encode the masked caption, let it attend to the clean image tokens, predict the originals."""
-        masked = mask_tokens(view.input_ids, view.attention_mask, self.data_info.mask_token_id,
-                             self.mlm_head.out_features, self.special_token_ids, self.method_cfg.mask_probability)
+        masked = mask_tokens(
+            view.input_ids,
+            view.attention_mask,
+            self.data_info.mask_token_id,
+            self.mlm_head.out_features,
+            self.special_token_ids,
+            self.method_cfg.mask_probability,
+        )
         states = self.encode_text(self.text_tower, masked.input_ids, view.attention_mask)[0]
         fused = self.cross_i2t(states, view.attention_mask, image_tokens)
         selected = masked.labels != IGNORE_INDEX
         return F.cross_entropy(self.mlm_head(fused[selected]).float(), masked.labels[selected])
 
-    def masked_patch_loss(self, image_tokens: Tensor, text_states: Tensor, text_mask: Tensor) -> Tensor:
+    def masked_patch_loss(
+        self, image_tokens: Tensor, text_states: Tensor, text_mask: Tensor
+    ) -> Tensor:
         """Corrupt visual tokens, let them attend to the clean caption, regress the clean tokens."""
         masked = mask_patches(image_tokens, self.mask_vector, self.method_cfg.mask_probability)
         query_mask = torch.ones(masked.selected.shape, dtype=torch.bool, device=image_tokens.device)
@@ -365,9 +446,13 @@ class CoVLR(RetrievalModule):
             image_params = sub_params(theta, "image_tower")
             if self.uni_mode == "cls":
                 tokens = functional_call(self.image_tower, image_params, (view.images,))
-                losses["uni_img"] = soft_label_cross_entropy(self.image_uni_head(tokens[:, 0]), view.objects)
+                losses["uni_img"] = soft_label_cross_entropy(
+                    self.image_uni_head(tokens[:, 0]), view.objects
+                )
             else:
-                both = functional_call(self.image_tower, image_params, (torch.cat([view.images, view.images_aug]),))
+                both = functional_call(
+                    self.image_tower, image_params, (torch.cat([view.images, view.images_aug]),)
+                )
                 anchors, views = self.image_uni_head(both[:, 0]).chunk(2)
                 losses["uni_img"] = view_info_nce(anchors, views, cfg.temperature)
         if cfg.use_uni_txt:
@@ -378,7 +463,9 @@ class CoVLR(RetrievalModule):
 
             if self.uni_mode == "cls":
                 pooled = self.encode_text(tower, view.captions, view.caption_mask)[1]
-                losses["uni_txt"] = soft_label_cross_entropy(self.text_uni_head(pooled), view.caption_objects)
+                losses["uni_txt"] = soft_label_cross_entropy(
+                    self.text_uni_head(pooled), view.caption_objects
+                )
             else:
                 ids = torch.cat([view.input_ids, view.positive_ids])
                 mask = torch.cat([view.attention_mask, view.positive_mask])

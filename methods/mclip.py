@@ -50,15 +50,21 @@ from methods.layers.distillation import (
     trikd_loss,
 )
 from methods.layers.distributed import row_layout
-from methods.layers.encoders import OpenClipText, OpenClipVisionTokens, TextEncoder, build_open_clip, resolve_world
+from methods.layers.encoders import (
+    OpenClipText,
+    OpenClipVisionTokens,
+    TextEncoder,
+    build_open_clip,
+    resolve_world,
+)
 from methods.layers.optim import param_groups
-from methods.registry import register
 from methods.layers.translation import (
     MTEEnhancement,
     TranslationDecoder,
     clip_gradient_norm,
     inverse_sqrt_factor,
 )
+from methods.registry import register
 from metrics import RetrievalEvaluation
 from metrics.dedup import DedupRecallEvaluation
 
@@ -84,9 +90,9 @@ class Ablation:
 
 ABLATIONS = {
     "full": Ablation(),
-    "no_ctl": Ablation(ctl=False),                      # - L_CTL: the MTE enhanced by NMT only
+    "no_ctl": Ablation(ctl=False),  # - L_CTL: the MTE enhanced by NMT only
     "no_nmt": Ablation(stage_one=("mte_ctl",), nmt=False),  # - L_NMT: XLM-R tuned by CTL only
-    "no_stage1": Ablation(stage_one=()),                # - L_theta: the MTE as it comes
+    "no_stage1": Ablation(stage_one=()),  # - L_theta: the MTE as it comes
     "no_stage1_no_ttc": Ablation(stage_one=(), ttc=False),  # - L_theta - L_TTC
     "no_stage1_no_itc": Ablation(stage_one=(), itc=False),  # - L_theta - L_ITC
 }
@@ -96,8 +102,10 @@ def ablation_of(method) -> Ablation:
     """The variant's switches; ``method.variant`` null means the full model."""
     name = method.get("variant") or "full"
     if name not in ABLATIONS:
-        raise ValueError(f"mclip variant {name!r} (method.variant, from variant=) is not one of "
-                         f"{sorted(ABLATIONS)}")
+        raise ValueError(
+            f"mclip variant {name!r} (method.variant, from variant=) is not one of "
+            f"{sorted(ABLATIONS)}"
+        )
     return ABLATIONS[name]
 
 
@@ -107,7 +115,7 @@ class Protocol:
 
     name: str
     finetune_languages: tuple[str, ...] = ()  # empty: no fine-tuning stage
-    finetune_settings: str | None = None      # which block of method.finetune (english|single|all)
+    finetune_settings: str | None = None  # which block of method.finetune (english|single|all)
 
 
 def protocol_of(method, languages: list[str]) -> Protocol:
@@ -118,16 +126,24 @@ def protocol_of(method, languages: list[str]) -> Protocol:
     name = method.get("run_protocol")
     trikd_languages = list(method.trikd.languages)
     english_only = trikd_languages == [ENGLISH]
-    allowed = ["zero-shot", "translate-train", "fine-tune-all",
-               *(f"fine-tune-{lang}" for lang in languages)]
+    allowed = [
+        "zero-shot",
+        "translate-train",
+        "fine-tune-all",
+        *(f"fine-tune-{lang}" for lang in languages),
+    ]
     if name not in allowed:
         raise ValueError(f"mclip protocol {name!r} (protocol=) is not one of {allowed}")
     if name == "translate-train" and english_only:
-        raise ValueError("protocol translate-train needs non-English method.trikd.languages, "
-                         f"got {trikd_languages}")
+        raise ValueError(
+            "protocol translate-train needs non-English method.trikd.languages, "
+            f"got {trikd_languages}"
+        )
     if name != "translate-train" and not english_only:
-        raise ValueError(f"protocol {name} trains TriKD on English only; method.trikd.languages "
-                         f"is {trikd_languages} (that is protocol=translate-train)")
+        raise ValueError(
+            f"protocol {name} trains TriKD on English only; method.trikd.languages "
+            f"is {trikd_languages} (that is protocol=translate-train)"
+        )
     if name == "fine-tune-all":
         return Protocol(name, tuple(languages), "all")
     if name.startswith("fine-tune-"):
@@ -157,11 +173,13 @@ class XProjector(nn.Module):
     """Randomly initialised Transformer layers over the MTE's token states (no extra positions),
     read at each sentence's last non-pad token (``</s>`` under right padding)."""
 
-    def __init__(self, dim: int, layers: int, heads: int, ffn: int, dropout: float,
-                 attn_dropout: float):
+    def __init__(
+        self, dim: int, layers: int, heads: int, ffn: int, dropout: float, attn_dropout: float
+    ):
         super().__init__()
-        self.layers = nn.ModuleList(PostNormEncoderLayer(dim, heads, ffn, dropout, attn_dropout)
-                                    for _ in range(layers))
+        self.layers = nn.ModuleList(
+            PostNormEncoderLayer(dim, heads, ffn, dropout, attn_dropout) for _ in range(layers)
+        )
         for module in self.modules():
             if isinstance(module, nn.Linear):
                 nn.init.normal_(module.weight, std=0.02)
@@ -183,8 +201,13 @@ class OpenClipTeacher(nn.Module):
     give its joint embeddings. Captions arrive as MTE token ids, so they are decoded with the MTE's
     Hugging Face tokenizer and re-tokenised with CLIP's own BPE (shipped with open_clip)."""
 
-    def __init__(self, model: str, pretrained: Any, mte_tokenizer: str,
-                 config: Mapping[str, Any] | None = None):
+    def __init__(
+        self,
+        model: str,
+        pretrained: Any,
+        mte_tokenizer: str,
+        config: Mapping[str, Any] | None = None,
+    ):
         super().__init__()
         import open_clip
         from transformers import AutoTokenizer
@@ -229,12 +252,16 @@ def selected_stages(method) -> list[str]:
     positions = [STAGES.index(s) if s in STAGES else -1 for s in stages]
     in_order = all(a < b for a, b in pairwise(positions))
     if -1 in positions or not stages or stages[-1] != "trikd" or not in_order:
-        raise ValueError(f"method.stages {stages}: expected an ordered subset of {list(STAGES)} "
-                         "ending with 'trikd'")
+        raise ValueError(
+            f"method.stages {stages}: expected an ordered subset of {list(STAGES)} "
+            "ending with 'trikd'"
+        )
     ablation = ablation_of(method)
     if not (ablation.nmt and ablation.ctl) and "mte_ctl" not in stages:
-        raise ValueError(f"mclip variant {method.variant!r} changes Stage 1b, which "
-                         f"method.stages {stages} does not run")
+        raise ValueError(
+            f"mclip variant {method.variant!r} changes Stage 1b, which "
+            f"method.stages {stages} does not run"
+        )
     return [s for s in stages if s not in STAGE_ONE or s in ablation.stage_one]
 
 
@@ -256,9 +283,13 @@ def build_mte(method, data) -> TextEncoder:
     config = cfg.get("config")
     if config is not None:
         config.setdefault("model_type", "xlm-roberta")
-        defaults = {"vocab_size": data.vocab_size, "pad_token_id": data.pad_token_id,
-                    "bos_token_id": data.cls_token_id, "eos_token_id": data.eos_token_id,
-                    "max_position_embeddings": data.max_length + data.pad_token_id + 1}
+        defaults = {
+            "vocab_size": data.vocab_size,
+            "pad_token_id": data.pad_token_id,
+            "bos_token_id": data.cls_token_id,
+            "eos_token_id": data.eos_token_id,
+            "max_position_embeddings": data.max_length + data.pad_token_id + 1,
+        }
         config.update({k: v for k, v in defaults.items() if config.get(k) is None})
     return TextEncoder(**cfg)
 
@@ -269,28 +300,39 @@ def build_mte_stage(method, optim, data, evaluation, joint: bool) -> MTEEnhancem
     t = method.translation
     ablation = ablation_of(method)
     mte = build_mte(method, data)
-    decoder = (TranslationDecoder(list(data.languages), mte.out_dim, t.layers, t.heads, t.ffn,
-                                  t.dropout) if ablation.nmt else None)
-    teacher = (ClipBaselineTeacher(method, optim, data, evaluation)
-               if "teacher" in selected_stages(method) else None)
-    settings = {**OmegaConf.to_container(t.ctl if joint else t.nmt),
-                "label_smoothing": t.label_smoothing, "ctl_weight": t.ctl_weight,
-                "ctl_temperature": t.ctl_temperature, "grad_clip": method.grad_clip,
-                "initial_lr": INITIAL_LR}
+    decoder = (
+        TranslationDecoder(list(data.languages), mte.out_dim, t.layers, t.heads, t.ffn, t.dropout)
+        if ablation.nmt
+        else None
+    )
+    teacher = (
+        ClipBaselineTeacher(method, optim, data, evaluation)
+        if "teacher" in selected_stages(method)
+        else None
+    )
+    settings = {
+        **OmegaConf.to_container(t.ctl if joint else t.nmt),
+        "label_smoothing": t.label_smoothing,
+        "ctl_weight": t.ctl_weight,
+        "ctl_temperature": t.ctl_temperature,
+        "grad_clip": method.grad_clip,
+        "initial_lr": INITIAL_LR,
+    }
     return MTEEnhancement(mte, decoder, settings, joint, data.pad_token_id, teacher, ablation.ctl)
 
 
 def load_prefixed(module: nn.Module, state: Mapping[str, Tensor], prefix: str) -> None:
     """Load the entries of ``state`` under ``prefix`` into ``module`` (all of them, strictly)."""
-    module.load_state_dict({k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)})
+    module.load_state_dict({k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)})
 
 
 def image_keys(ids: list[str], device: torch.device) -> Tensor:
     """A 63-bit integer per image id (BLAKE2b), so that rows of one image can be matched across
     processes; distinct ids collide with probability about n^2 / 2^64."""
     digests = [hashlib.blake2b(str(i).encode(), digest_size=8).digest() for i in ids]
-    return torch.tensor([int.from_bytes(d, "big") >> 1 for d in digests], dtype=torch.long,
-                        device=device)
+    return torch.tensor(
+        [int.from_bytes(d, "big") >> 1 for d in digests], dtype=torch.long, device=device
+    )
 
 
 @register("mclip")
@@ -308,15 +350,17 @@ class MCLIP(RetrievalModule):
         self.ablation = ablation_of(method)
         self.protocol = protocol_of(method, list(data.languages))
         if method.recall_mode not in RECALL_MODES:
-            raise ValueError(f"method.recall_mode {method.recall_mode!r}: expected one of "
-                             f"{sorted(RECALL_MODES)}")
+            raise ValueError(
+                f"method.recall_mode {method.recall_mode!r}: expected one of {sorted(RECALL_MODES)}"
+            )
         self.teacher = freeze(build_teacher(method, optim, data, evaluation))
         self.mte = freeze(build_mte(method, data))
         dim = self.mte.out_dim
         self.clip_projector = nn.Linear(self.teacher.embed_dim, dim, bias=False)
         nn.init.xavier_uniform_(self.clip_projector.weight)
-        self.x_projector = XProjector(dim, cfg.projector_layers, cfg.heads, cfg.ffn, cfg.dropout,
-                                      cfg.attn_dropout)
+        self.x_projector = XProjector(
+            dim, cfg.projector_layers, cfg.heads, cfg.ffn, cfg.dropout, cfg.attn_dropout
+        )
         self.logit_scale = nn.Parameter(torch.tensor(math.log(1.0 / cfg.init_temperature)))
         if phase == "trikd" and not self.ablation.itc:
             self.logit_scale.requires_grad_(False)  # no ITC term: nothing trains the temperature
@@ -391,24 +435,43 @@ class MCLIP(RetrievalModule):
                     self.log(f"train/finetune_{language}", loss.detach(), batch_size=layout.local)
                 losses.append(loss)
                 continue
-            losses.append(self.trikd_step(language, h_image[rows], h_text[mine], ids[mine],
-                                          mask[mine], layout.local))
+            losses.append(
+                self.trikd_step(
+                    language, h_image[rows], h_text[mine], ids[mine], mask[mine], layout.local
+                )
+            )
         if not losses:
             raise ValueError("mCLIP: no process has a present caption in this step")
         return torch.stack(losses).mean()
 
-    def trikd_step(self, language: str, h_image: Tensor, h_text: Tensor, ids: Tensor,
-                   mask: Tensor, local_rows: int) -> Tensor:
+    def trikd_step(
+        self,
+        language: str,
+        h_image: Tensor,
+        h_text: Tensor,
+        ids: Tensor,
+        mask: Tensor,
+        local_rows: int,
+    ) -> Tensor:
         """One language's TriKD loss (logged as this process's share of the global-batch loss)."""
         cfg = self.method_cfg.trikd
         with_ttc = language == ENGLISH and self.ablation.ttc
         h_teacher = self.teacher_texts(*trim_padding(ids, mask)) if with_ttc else None
         if not self.ablation.itc and h_teacher is None:
-            raise ValueError(f"mclip variant without ITC has no loss for {language!r} captions: "
-                             "train TriKD on English only (method.trikd.languages=[en])")
-        loss = trikd_loss(h_image, h_text, self.logit_scale, h_teacher, ttc_weight=cfg.ttc_weight,
-                          ttc_temperature=self.ttc_temperature, max_scale=cfg.max_logit_scale,
-                          itc=self.ablation.itc)
+            raise ValueError(
+                f"mclip variant without ITC has no loss for {language!r} captions: "
+                "train TriKD on English only (method.trikd.languages=[en])"
+            )
+        loss = trikd_loss(
+            h_image,
+            h_text,
+            self.logit_scale,
+            h_teacher,
+            ttc_weight=cfg.ttc_weight,
+            ttc_temperature=self.ttc_temperature,
+            max_scale=cfg.max_logit_scale,
+            itc=self.ablation.itc,
+        )
         if local_rows:
             if loss.itc is not None:
                 self.log(f"train/itc_{language}", loss.itc.detach(), batch_size=local_rows)
@@ -416,8 +479,9 @@ class MCLIP(RetrievalModule):
                 self.log(f"train/ttc_{language}", loss.ttc.detach(), batch_size=local_rows)
         return loss.total
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
-                                    gradient_clip_algorithm=None) -> None:
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
         clip_gradient_norm(self, self.method_cfg.grad_clip)
 
     def phase_settings(self) -> tuple[float, float, int]:
@@ -432,10 +496,16 @@ class MCLIP(RetrievalModule):
         lr, weight_decay, warmup_steps = self.phase_settings()
         groups = param_groups(self, weight_decay, lr)
         optimizer = Lamb(groups, lr=lr, max_grad_norm=None)  # clipping: see grad_clip
-        factor = partial(inverse_sqrt_factor, warmup_steps=warmup_steps,
-                         decay_from_step=warmup_steps, initial_ratio=INITIAL_LR / lr)
-        return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"}}
+        factor = partial(
+            inverse_sqrt_factor,
+            warmup_steps=warmup_steps,
+            decay_from_step=warmup_steps,
+            initial_ratio=INITIAL_LR / lr,
+        )
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": LambdaLR(optimizer, factor), "interval": "step"},
+        }
 
     @classmethod
     def check_config(cls, method, languages: list[str]) -> None:
@@ -494,22 +564,31 @@ class MCLIP(RetrievalModule):
             if name in ("teacher", "trikd"):
                 cfg = method[name]
                 build = build_teacher_stage if name == "teacher" else build_trikd
-                return Stage(name, build,
-                             lambda dm: dm.train_dataloader(languages=list(cfg.languages)),
-                             cfg.max_steps, f"method.{name}.max_steps")
+                return Stage(
+                    name,
+                    build,
+                    lambda dm: dm.train_dataloader(languages=list(cfg.languages)),
+                    cfg.max_steps,
+                    f"method.{name}.max_steps",
+                )
             if name == FINETUNE:
                 block = protocol.finetune_settings
-                return Stage(name, build_finetune,
-                             lambda dm: dm.train_dataloader(
-                                 languages=list(protocol.finetune_languages)),
-                             method.finetune[block].max_steps,
-                             f"method.finetune.{block}.max_steps")
+                return Stage(
+                    name,
+                    build_finetune,
+                    lambda dm: dm.train_dataloader(languages=list(protocol.finetune_languages)),
+                    method.finetune[block].max_steps,
+                    f"method.finetune.{block}.max_steps",
+                )
             joint = name == "mte_ctl"
             part = "ctl" if joint else "nmt"
             t = method.translation
-            return Stage(name, partial(build_mte_stage_from, joint, name),
-                         lambda dm: dm.parallel_dataloader(beta=t.sampling_beta,
-                                                           max_tokens=t.max_tokens),
-                         t[part].max_steps, f"method.translation.{part}.max_steps")
+            return Stage(
+                name,
+                partial(build_mte_stage_from, joint, name),
+                lambda dm: dm.parallel_dataloader(beta=t.sampling_beta, max_tokens=t.max_tokens),
+                t[part].max_steps,
+                f"method.translation.{part}.max_steps",
+            )
 
         return [stage(name) for name in names]

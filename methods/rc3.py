@@ -59,10 +59,10 @@ from methods.layers.euclidean_contrastive import (
     textual_distances,
     xtcl_loss,
 )
+from methods.layers.first_stage import FrozenEncoders
 from methods.layers.heads import MLMHead, ProjectionHead
 from methods.layers.masking import IGNORE_INDEX, maskable_positions
 from methods.layers.regions import GridRegions
-from methods.layers.first_stage import FrozenEncoders
 from methods.layers.seq2seq import SingleStreamSeq2Seq, world_backbone
 from methods.registry import register
 
@@ -98,8 +98,10 @@ def protocol_of(method, languages: list[str]) -> str:
     if name not in PROTOCOLS:
         raise ValueError(f"rc3 protocol {name!r} (protocol=) is not one of {list(PROTOCOLS)}")
     if name == FINE_TUNE_EN and ENGLISH not in languages:
-        raise ValueError(f"rc3 protocol {name} fine-tunes on English captions, but data.languages "
-                         f"{list(languages)} has no {ENGLISH!r}")
+        raise ValueError(
+            f"rc3 protocol {name} fine-tunes on English captions, but data.languages "
+            f"{list(languages)} has no {ENGLISH!r}"
+        )
     return name
 
 
@@ -108,8 +110,9 @@ def finetune_optim(optim, finetune) -> OmegaConf:
     on top; a key ``optim`` does not have is an error naming it."""
     unknown = sorted(set(finetune.optim) - set(optim))
     if unknown:
-        raise ValueError(f"method.finetune.optim.{unknown[0]} is not an optim key; "
-                         f"keys: {sorted(optim)}")
+        raise ValueError(
+            f"method.finetune.optim.{unknown[0]} is not an optim key; keys: {sorted(optim)}"
+        )
     return OmegaConf.merge(optim, finetune.optim)
 
 
@@ -120,9 +123,13 @@ def itr_negatives(similarity: Tensor, same_image: Tensor) -> tuple[Tensor, Tenso
     [image, caption]): what it would hand the ITM head to re-rank at test time."""
     other = ~same_image
     if not other.any(1).all():
-        raise ValueError("rc3 fine-tuning: a training batch holds a single image; its captions "
-                         "have no negative (data.batch_size or method.finetune.batch_size >= 2)")
-    random_caption = torch.rand(other.shape, device=other.device).masked_fill(~other, -1.0).argmax(1)
+        raise ValueError(
+            "rc3 fine-tuning: a training batch holds a single image; its captions "
+            "have no negative (data.batch_size or method.finetune.batch_size >= 2)"
+        )
+    random_caption = (
+        torch.rand(other.shape, device=other.device).masked_fill(~other, -1.0).argmax(1)
+    )
     random_image = torch.rand(other.shape, device=other.device).masked_fill(~other, -1.0).argmax(1)
     hard_caption = similarity.masked_fill(~other, float("-inf")).argmax(1)
     return random_caption, random_image, hard_caption
@@ -131,8 +138,9 @@ def itr_negatives(similarity: Tensor, same_image: Tensor) -> tuple[Tensor, Tenso
 def four_way_loss(logits: Tensor) -> Tensor:
     """Per-row cross-entropy over the 4 candidates' ITM logits ``[n, 4]``, the true pair in
     column 0 (IGLUE/VOLTA's retrieval fine-tuning)."""
-    return F.cross_entropy(logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device),
-                           reduction="none")
+    return F.cross_entropy(
+        logits, torch.zeros(len(logits), dtype=torch.long, device=logits.device), reduction="none"
+    )
 
 
 def same_image_rows(ids: list) -> Tensor:
@@ -140,8 +148,13 @@ def same_image_rows(ids: list) -> Tensor:
     return torch.tensor([[a == b for b in ids] for a in ids], dtype=torch.bool)
 
 
-def mask_content(input_ids: Tensor, attention_mask: Tensor, mask_token_id: int,
-                 special_ids: list[int], probability: float) -> tuple[Tensor, Tensor]:
+def mask_content(
+    input_ids: Tensor,
+    attention_mask: Tensor,
+    mask_token_id: int,
+    special_ids: list[int],
+    probability: float,
+) -> tuple[Tensor, Tensor]:
     """RC3's MLM corruption (§8.12): each content token (attended, not special) becomes [MASK]
     with ``probability``; returns (masked ids, labels with IGNORE_INDEX off the masked tokens)."""
     content = maskable_positions(input_ids, attention_mask, special_ids)
@@ -160,16 +173,17 @@ class VisualInput:
 
     def __post_init__(self):
         if self.mask is None:
-            self.mask = torch.ones(self.tokens.shape[:2], dtype=torch.bool,
-                                   device=self.tokens.device)
+            self.mask = torch.ones(
+                self.tokens.shape[:2], dtype=torch.bool, device=self.tokens.device
+            )
 
     def __len__(self) -> int:
         return len(self.tokens)
 
-    def rows(self, index: Tensor) -> "VisualInput":
+    def rows(self, index: Tensor) -> VisualInput:
         return VisualInput(self.tokens[index], self.mask[index])
 
-    def repeat(self, times: int) -> "VisualInput":
+    def repeat(self, times: int) -> VisualInput:
         return VisualInput(self.tokens.repeat(times, 1, 1), self.mask.repeat(times, 1))
 
 
@@ -197,20 +211,26 @@ class Triplets:
         return len(self.rows)
 
     @classmethod
-    def placeholder(cls, batch: dict, bos_id: int, eos_id: int) -> "Triplets":
+    def placeholder(cls, batch: dict, bos_id: int, eos_id: int) -> Triplets:
         """Two stand-in rows (blank images, captions ``<s> </s>``) with ``real == 0``. A process
         without rows of a pool runs the pool's computation on them and keeps none of the outputs:
         its autograd graph reaches the same parameters and runs the same collectives (forward and
         backward) as a process with rows, so DDP neither stalls nor gains a contribution."""
         k = len(batch["languages"])
         ids = torch.tensor([bos_id, eos_id], device=batch["input_ids"].device).expand(2, k, 2)
-        stand_in = {"languages": batch["languages"], "input_ids": ids,
-                    "attention_mask": torch.ones_like(ids),
-                    "images": batch["images"].new_zeros(2, *batch["images"].shape[1:])}
+        stand_in = {
+            "languages": batch["languages"],
+            "input_ids": ids,
+            "attention_mask": torch.ones_like(ids),
+            "images": batch["images"].new_zeros(2, *batch["images"].shape[1:]),
+        }
         if "roi_features" in batch:
-            stand_in["roi_features"] = batch["roi_features"].new_zeros(2, *batch["roi_features"].shape[1:])
-            stand_in["roi_mask"] = torch.ones(stand_in["roi_features"].shape[:2], dtype=torch.bool,
-                                              device=ids.device)
+            stand_in["roi_features"] = batch["roi_features"].new_zeros(
+                2, *batch["roi_features"].shape[1:]
+            )
+            stand_in["roi_mask"] = torch.ones(
+                stand_in["roi_features"].shape[:2], dtype=torch.bool, device=ids.device
+            )
         triplets = cls(stand_in, torch.arange(2, device=ids.device), (0, 1))
         triplets.real = 0
         return triplets
@@ -222,13 +242,17 @@ def global_share(values: Tensor, layout: RowLayout) -> Tensor:
     return layout.global_mean(values) if layout.total else values.sum()
 
 
-def draw_triplet_rows(present: Tensor, candidates: Tensor,
-                      limit: int) -> tuple[Tensor, tuple[int, int]] | None:
+def draw_triplet_rows(
+    present: Tensor, candidates: Tensor, limit: int
+) -> tuple[Tensor, tuple[int, int]] | None:
     """One ordered language pair (l_i ≠ l_j) drawn uniformly among the pairs that at least two of
     the ``candidates`` rows have, and the first ``limit`` of those rows (batches are shuffled; an
     even number: one is dropped when odd). None when no pair has two rows."""
-    pairs = [(i, j) for i, j in permutations(range(present.shape[1]), 2)
-             if int((present[candidates, i] & present[candidates, j]).sum()) >= 2]
+    pairs = [
+        (i, j)
+        for i, j in permutations(range(present.shape[1]), 2)
+        if int((present[candidates, i] & present[candidates, j]).sum()) >= 2
+    ]
     if not pairs:
         return None
     i, j = pairs[int(torch.randint(len(pairs), ()))]
@@ -257,16 +281,25 @@ class RC3(RetrievalModule):
         reads_regions = cfg.visual.strict_input != "patch"
         shipped = getattr(data, "roi_dim", None)  # width of the data's own ROI features, if any
         if reads_regions and shipped is not None and shipped != cfg.visual.roi_dim:
-            raise ValueError(f"rc3: method.visual.roi_dim={cfg.visual.roi_dim}, but "
-                             f"data.roi_features {data.roi_store} is {shipped} wide; "
-                             f"set method.visual.roi_dim={shipped}")
+            raise ValueError(
+                f"rc3: method.visual.roi_dim={cfg.visual.roi_dim}, but "
+                f"data.roi_features {data.roi_store} is {shipped} wide; "
+                f"set method.visual.roi_dim={shipped}"
+            )
         grid = reads_regions and shipped is None and cfg.visual.regions is not None
         self.regions = GridRegions.from_config(cfg.visual.regions, data) if grid else None
         roi_dim = None  # no ROI projection for RC3-Patch
         if reads_regions:
             roi_dim = self.regions.dim if self.regions is not None else cfg.visual.roi_dim
-        self.net = SingleStreamSeq2Seq(world_backbone(cfg.backbone, data), data.languages, data.vocab_size,
-                                       data.pad_token_id, data.cls_token_id, data.eos_token_id, roi_dim)
+        self.net = SingleStreamSeq2Seq(
+            world_backbone(cfg.backbone, data),
+            data.languages,
+            data.vocab_size,
+            data.pad_token_id,
+            data.cls_token_id,
+            data.eos_token_id,
+            roi_dim,
+        )
         d = self.net.d_model
         self.itm_head = nn.Linear(d, 1)
         self.mlm_head = MLMHead(d, self.net.vocab_size, tie_to=self.net.model.shared)
@@ -274,14 +307,21 @@ class RC3(RetrievalModule):
         self.vt_tracker = PosProbTracker(cfg.tracker_window)
         first = cfg.first_stage
         if (first.image_encoder is None) != (first.text_encoder is None):
-            raise ValueError("method.first_stage: name both image_encoder and text_encoder, or "
-                             "neither (the probe then reads RC3's own passes)")
+            raise ValueError(
+                "method.first_stage: name both image_encoder and text_encoder, or "
+                "neither (the probe then reads RC3's own passes)"
+            )
         try:
-            self.first_encoders = (FrozenEncoders(first.image_encoder, first.text_encoder, data)
-                                   if first.image_encoder is not None else None)
+            self.first_encoders = (
+                FrozenEncoders(first.image_encoder, first.text_encoder, data)
+                if first.image_encoder is not None
+                else None
+            )
         except ValueError as err:
-            raise ValueError(f"method.first_stage: {err}; or set method.first_stage.image_encoder"
-                             f" and text_encoder to null to probe RC3's own passes") from None
+            raise ValueError(
+                f"method.first_stage: {err}; or set method.first_stage.image_encoder"
+                f" and text_encoder to null to probe RC3's own passes"
+            ) from None
         own = self.first_encoders is None
         self.probe_image = ProjectionHead(d if own else self.first_encoders.image_dim, first.dim)
         self.probe_text = ProjectionHead(d if own else self.first_encoders.text_dim, first.dim)
@@ -298,11 +338,15 @@ class RC3(RetrievalModule):
         if not reads_regions:
             rank_zero_info("rc3: patch-only visual input (RC3-Patch); no ROI features are used")
         elif shipped is not None:
-            rank_zero_info(f"rc3: {cfg.visual.strict_input} input; ROI features are the data's "
-                           f"precomputed detector features, data.roi_features {data.roi_store}")
+            rank_zero_info(
+                f"rc3: {cfg.visual.strict_input} input; ROI features are the data's "
+                f"precomputed detector features, data.roi_features {data.roi_store}"
+            )
         elif self.regions is not None:
-            rank_zero_info(f"rc3: {cfg.visual.strict_input} input; ROI features are grid pseudo-ROIs "
-                           f"of the frozen image backbone {cfg.visual.regions.name!r} (spec §2.8)")
+            rank_zero_info(
+                f"rc3: {cfg.visual.strict_input} input; ROI features are grid pseudo-ROIs "
+                f"of the frozen image backbone {cfg.visual.regions.name!r} (spec §2.8)"
+            )
 
     def freeze_pretraining_only_parts(self) -> None:
         """Fine-tuning trains the single-stream encoder (token table, visual tokeniser, layers),
@@ -317,15 +361,22 @@ class RC3(RetrievalModule):
 
     def specials(self) -> list[int]:
         data = self.data_info
-        return [data.pad_token_id, data.cls_token_id, data.eos_token_id, data.mask_token_id,
-                *self.net.tag_ids.values(), *self.net.special_ids.values()]
+        return [
+            data.pad_token_id,
+            data.cls_token_id,
+            data.eos_token_id,
+            data.mask_token_id,
+            *self.net.tag_ids.values(),
+            *self.net.special_ids.values(),
+        ]
 
     def strict_visual(self, triplets: Triplets) -> VisualInput:
         """Visual tokens of strict triplets (``visual.strict_input``)."""
         return self.visual_tokens(triplets.images, triplets.roi, triplets.roi_mask)
 
-    def visual_tokens(self, images: Tensor, roi: Tensor | None = None,
-                      roi_mask: Tensor | None = None) -> VisualInput:
+    def visual_tokens(
+        self, images: Tensor, roi: Tensor | None = None, roi_mask: Tensor | None = None
+    ) -> VisualInput:
         """Patches, ROI features or both (``visual.strict_input``). ROI features are the batch's
         own (``roi`` and its ``roi_mask``, a dataset that ships them) or else the frozen
         backbone's grid regions."""
@@ -368,22 +419,30 @@ class RC3(RetrievalModule):
     def mclm_loss(self, visual: VisualInput, t: Triplets) -> Tensor:
         """MLM on the masked x^i given v, plus translation into x^j on the decoder (§3.1); each a
         token mean over the global batch (a collective)."""
-        masked, labels = mask_content(t.ids_i, t.mask_i, self.data_info.mask_token_id,
-                                      self.specials(), self.settings.mask_probability)
-        labels[t.real:] = IGNORE_INDEX
-        encoded = self.net.encode(self.tag(masked, t.mask_i, t.lang_i), t.mask_i, visual.tokens,
-                                  visual.mask)
-        text_states = encoded.states[:, 1 + visual.tokens.shape[1]:]
+        masked, labels = mask_content(
+            t.ids_i,
+            t.mask_i,
+            self.data_info.mask_token_id,
+            self.specials(),
+            self.settings.mask_probability,
+        )
+        labels[t.real :] = IGNORE_INDEX
+        encoded = self.net.encode(
+            self.tag(masked, t.mask_i, t.lang_i), t.mask_i, visual.tokens, visual.mask
+        )
+        text_states = encoded.states[:, 1 + visual.tokens.shape[1] :]
         chosen = labels != IGNORE_INDEX
         logits = self.mlm_head(text_states[chosen]).float()
         mlm = F.cross_entropy(logits, labels[chosen], reduction="none")
         nll, targets = self.net.translation_nll(encoded, t.ids_j, t.mask_j, t.lang_j)
         translation = nll[: t.real][targets[: t.real]]
-        return (global_share(mlm, row_layout(len(mlm), mlm.device))
-                + global_share(translation, row_layout(len(translation), mlm.device)))
+        return global_share(mlm, row_layout(len(mlm), mlm.device)) + global_share(
+            translation, row_layout(len(translation), mlm.device)
+        )
 
-    def contrastive_source(self, t: Triplets, visual: VisualInput, alpha: float, layout: RowLayout,
-                           regularise: bool) -> tuple[ContrastiveTerm, tuple[Tensor, ...]]:
+    def contrastive_source(
+        self, t: Triplets, visual: VisualInput, alpha: float, layout: RowLayout, regularise: bool
+    ) -> tuple[ContrastiveTerm, tuple[Tensor, ...]]:
         """R-XVtCL on one source (``layout``: every process's real row count). Returns the term
         and the fused (anchor, positive, C1, C2, perm) for ITM reuse."""
         perm = involution_pairs(len(t), device=visual.tokens.device)
@@ -391,8 +450,11 @@ class RC3(RetrievalModule):
         d_tr = None
         if regularise:
             with torch.no_grad():
-                d_tr = textual_distances(self.text_representation(t.ids_i, t.mask_i, t.lang_i),
-                                         self.text_representation(t.ids_j, t.mask_j, t.lang_j), perm)
+                d_tr = textual_distances(
+                    self.text_representation(t.ids_i, t.mask_i, t.lang_i),
+                    self.text_representation(t.ids_j, t.mask_j, t.lang_j),
+                    perm,
+                )
         loss_vec, raw, kl = rxvtcl_vectors(*fused, perm, alpha, d_tr=d_tr)
         n = t.real
         kl = kl[:n].mean().detach() if kl is not None and n else None
@@ -402,7 +464,9 @@ class RC3(RetrievalModule):
         """BCE of the ITM head: (v, x^i) matches, (v, partner's x^i) does not (§3.2); the mean
         over the global batch's pairs (a collective)."""
         logits = self.itm_head(torch.cat([anchor, c1])).squeeze(1).float()
-        labels = torch.cat([torch.ones_like(logits[: len(anchor)]), torch.zeros_like(logits[len(anchor):])])
+        labels = torch.cat(
+            [torch.ones_like(logits[: len(anchor)]), torch.zeros_like(logits[len(anchor) :])]
+        )
         bce = F.binary_cross_entropy_with_logits(logits, labels, reduction="none")
         return global_share(bce, row_layout(len(bce), bce.device))
 
@@ -452,7 +516,9 @@ class RC3(RetrievalModule):
         for side in ("src", "tgt"):
             ids, mask = batch[f"{side}_input_ids"][:n], batch[f"{side}_attention_mask"][:n]
             if n == 0:
-                ids = ids.new_tensor([self.data_info.cls_token_id, self.data_info.eos_token_id]).expand(2, 2)
+                ids = ids.new_tensor(
+                    [self.data_info.cls_token_id, self.data_info.eos_token_id]
+                ).expand(2, 2)
                 mask = torch.ones_like(ids)
             ids, mask = trim_padding(ids, mask)
             sides.append(self.text_representation(ids, mask, batch[f"{side}_language"])[:n])
@@ -461,9 +527,13 @@ class RC3(RetrievalModule):
     def pool(self, batch: dict, candidates: Tensor) -> Triplets:
         """This process's triplets among ``candidates`` rows (one drawn language pair), or the
         placeholder when it has none."""
-        drawn = draw_triplet_rows(batch["present"].bool(), candidates, self.settings.anchors_per_task)
+        drawn = draw_triplet_rows(
+            batch["present"].bool(), candidates, self.settings.anchors_per_task
+        )
         if drawn is None:
-            return Triplets.placeholder(batch, self.data_info.cls_token_id, self.data_info.eos_token_id)
+            return Triplets.placeholder(
+                batch, self.data_info.cls_token_id, self.data_info.eos_token_id
+            )
         return Triplets(batch, *drawn)
 
     def losses(self, batch: dict, parallel: dict | None = None) -> dict[str, Tensor]:
@@ -483,12 +553,15 @@ class RC3(RetrievalModule):
         strict_layout = row_layout(strict.real, device)
         alpha = cfg.zeta * self.vt_tracker.p_avg()
         strict_visual = self.strict_visual(strict)
-        term_s, fused = self.contrastive_source(strict, strict_visual, alpha, strict_layout,
-                                                regularise=False)
+        term_s, fused = self.contrastive_source(
+            strict, strict_visual, alpha, strict_layout, regularise=False
+        )
         n = strict.real
-        losses = {"mclm": self.mclm_loss(strict_visual, strict),
-                  "itm": self.itm_loss(fused[0][:n], fused[2][:n]),
-                  "probe": self.probe_loss(strict, strict_visual, strict_layout)}
+        losses = {
+            "mclm": self.mclm_loss(strict_visual, strict),
+            "itm": self.itm_loss(fused[0][:n], fused[2][:n]),
+            "probe": self.probe_loss(strict, strict_visual, strict_layout),
+        }
         raws = [term_s.raw]
         if cfg.use_rxvtcl:
             rxvtcl = term_s.loss
@@ -499,8 +572,9 @@ class RC3(RetrievalModule):
                 weak_t = self.pool(batch, weak)
                 weak_layout = row_layout(weak_t.real, device)
                 patches = VisualInput(self.net.visual.patches(weak_t.images))
-                term_w, _ = self.contrastive_source(weak_t, patches, alpha, weak_layout,
-                                                    regularise=cfg.use_kl)
+                term_w, _ = self.contrastive_source(
+                    weak_t, patches, alpha, weak_layout, regularise=cfg.use_kl
+                )
                 rxvtcl = rxvtcl + term_w.loss
                 raws.append(term_w.raw)
                 if term_w.kl is not None:
@@ -535,11 +609,18 @@ class RC3(RetrievalModule):
         weak = batch.get("alignment_weak")
         anchors = torch.ones_like(rows, dtype=torch.bool) if weak is None else ~weak.bool()[rows]
         layout = row_layout(int(anchors.sum()), image.device)
-        return {"itr": global_share(four_way_loss(logits)[anchors], layout),
-                "probe": self.probe_info_nce(image[anchors], text[anchors], layout)}
+        return {
+            "itr": global_share(four_way_loss(logits)[anchors], layout),
+            "probe": self.probe_info_nce(image[anchors], text[anchors], layout),
+        }
 
-    def candidate_logits(self, visual: VisualInput, captions: Tensor, mask: Tensor,
-                         negatives: tuple[Tensor, Tensor, Tensor]) -> Tensor:
+    def candidate_logits(
+        self,
+        visual: VisualInput,
+        captions: Tensor,
+        mask: Tensor,
+        negatives: tuple[Tensor, Tensor, Tensor],
+    ) -> Tensor:
         """ITM logits ``[n, 4]`` of each row's candidates in one encoder call, the true pair
         first: (v_i, x_i), (v_i, random x), (random v, x_i), (v_i, hard x)."""
         random_caption, random_image, hard_caption = negatives
@@ -594,10 +675,13 @@ class RC3(RetrievalModule):
         """``pretrain`` on every language's training batches, then, under ``fine-tune-en``,
         ``finetune`` built from its checkpoint and trained on English captions only."""
         protocol = protocol_of(method, list(data.languages))
-        pretrain = Stage(PRETRAIN, lambda previous: cls(method, optim, data, evaluation),
-                         lambda datamodule: datamodule.train_dataloader(),
-                         method.pretrain.max_steps,
-                         "method.pretrain.max_steps" if method.pretrain.max_steps is not None else None)
+        pretrain = Stage(
+            PRETRAIN,
+            lambda previous: cls(method, optim, data, evaluation),
+            lambda datamodule: datamodule.train_dataloader(),
+            method.pretrain.max_steps,
+            "method.pretrain.max_steps" if method.pretrain.max_steps is not None else None,
+        )
         if protocol == PRETRAIN_ONLY:
             return [pretrain]
 
@@ -609,10 +693,15 @@ class RC3(RetrievalModule):
             return module
 
         ft = method.finetune
-        finetune = Stage(FINETUNE, build_finetune,
-                         lambda datamodule: datamodule.train_dataloader(languages=[ENGLISH],
-                                                                        batch_size=ft.batch_size),
-                         ft.max_steps, "method.finetune.max_steps")
+        finetune = Stage(
+            FINETUNE,
+            build_finetune,
+            lambda datamodule: datamodule.train_dataloader(
+                languages=[ENGLISH], batch_size=ft.batch_size
+            ),
+            ft.max_steps,
+            "method.finetune.max_steps",
+        )
         return [pretrain, finetune]
 
     # ---- evaluation: the ITM head over every pair (the probe's embeddings under scorer=embeddings) --
@@ -625,8 +714,9 @@ class RC3(RetrievalModule):
         self._eval_split = "test"
         super().validation_step(batch, batch_idx, dataloader_idx)
 
-    def eval_visual(self, images: Tensor, roi: Tensor | None = None,
-                    roi_mask: Tensor | None = None) -> VisualInput:
+    def eval_visual(
+        self, images: Tensor, roi: Tensor | None = None, roi_mask: Tensor | None = None
+    ) -> VisualInput:
         """Visual tokens of evaluation images, the input kind of strict training triplets."""
         return self.visual_tokens(images, roi, roi_mask)
 
@@ -638,11 +728,14 @@ class RC3(RetrievalModule):
 
     def encode_images(self, images: Tensor) -> Tensor:
         if self.first_encoders is not None:
-            return in_fixed_shape(lambda rows: self.probe_image(self.first_encoders.image_features(rows)),
-                                  images)
+            return in_fixed_shape(
+                lambda rows: self.probe_image(self.first_encoders.image_features(rows)), images
+            )
         return in_fixed_shape(
             lambda *rows: self.probe_image(self.image_only_features(self.eval_visual(*rows))),
-            images, *self.shipped_rois())
+            images,
+            *self.shipped_rois(),
+        )
 
     def caption_languages(self, index: Tensor) -> list[str]:
         view = self.trainer.datamodule.eval_view(self._eval_split)
@@ -660,31 +753,44 @@ class RC3(RetrievalModule):
     def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """First-stage caption embeddings, every caption padded to ``data.max_length`` and encoded
         in calls of one fixed shape (``in_fixed_shape``)."""
-        input_ids, attention_mask = pad_to(input_ids, attention_mask, self.data_info.max_length,
-                                           self.data_info.pad_token_id)
+        input_ids, attention_mask = pad_to(
+            input_ids, attention_mask, self.data_info.max_length, self.data_info.pad_token_id
+        )
         if self.first_encoders is not None:
             return in_fixed_shape(
                 lambda ids, mask: self.probe_text(self.first_encoders.text_features(ids, mask)),
-                input_ids, attention_mask)
+                input_ids,
+                attention_mask,
+            )
         tagged = self.tagged_captions(input_ids, attention_mask)
-        return in_fixed_shape(lambda ids, mask: self.probe_text(self.net.encode(ids, mask).pooled),
-                              tagged, attention_mask)
+        return in_fixed_shape(
+            lambda ids, mask: self.probe_text(self.net.encode(ids, mask).pooled),
+            tagged,
+            attention_mask,
+        )
 
     def image_cache(self, images: Tensor) -> dict[str, Tensor]:
         visual = self.eval_visual(images, *self.shipped_rois())
         return {"tokens": visual.tokens, "mask": visual.mask}
 
     def text_cache(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Tensor]:
-        return {"input_ids": self.tagged_captions(input_ids, attention_mask),
-                "attention_mask": attention_mask}
+        return {
+            "input_ids": self.tagged_captions(input_ids, attention_mask),
+            "attention_mask": attention_mask,
+        }
 
-    def cross_encoder(self, image_cache: dict, text_cache: dict) -> "MatchingScorer":
-        return MatchingScorer(self, VisualInput(image_cache["tokens"], image_cache["mask"]),
-                              text_cache["input_ids"], text_cache["attention_mask"])
+    def cross_encoder(self, image_cache: dict, text_cache: dict) -> MatchingScorer:
+        return MatchingScorer(
+            self,
+            VisualInput(image_cache["tokens"], image_cache["mask"]),
+            text_cache["input_ids"],
+            text_cache["attention_mask"],
+        )
 
     @torch.no_grad()
-    def match_logits(self, visual: VisualInput, input_ids: Tensor,
-                     attention_mask: Tensor) -> Tensor:
+    def match_logits(
+        self, visual: VisualInput, input_ids: Tensor, attention_mask: Tensor
+    ) -> Tensor:
         """ITM logit of each (image, tagged caption) pair: the paper's retrieval score."""
         input_ids, attention_mask = trim_padding(input_ids, attention_mask)
         encoded = self.net.encode(input_ids, attention_mask, visual.tokens, visual.mask)
@@ -701,18 +807,21 @@ def in_fixed_shape(encode, *inputs: Tensor, rows: int = EVAL_ROWS) -> Tensor:
     a DDP run and a one-process re-scoring. One shape gives each row the same bits in any batch."""
     outputs = []
     for start in range(0, len(inputs[0]), rows):
-        part = [x[start:start + rows] for x in inputs]
-        outputs.append(encode(*(fill_to(rows, x) for x in part))[:len(part[0])])
+        part = [x[start : start + rows] for x in inputs]
+        outputs.append(encode(*(fill_to(rows, x) for x in part))[: len(part[0])])
     return torch.cat(outputs)
 
 
-def pad_to(input_ids: Tensor, attention_mask: Tensor, length: int, pad_id: int) -> tuple[Tensor, Tensor]:
+def pad_to(
+    input_ids: Tensor, attention_mask: Tensor, length: int, pad_id: int
+) -> tuple[Tensor, Tensor]:
     """Captions right-padded (or trimmed of all-padding columns) to exactly ``length`` columns."""
     input_ids, attention_mask = trim_padding(input_ids, attention_mask)
     extra = length - input_ids.shape[1]
     if extra < 0:
-        raise ValueError(f"rc3: a caption has {input_ids.shape[1]} tokens, more than "
-                         f"data.max_length={length}")
+        raise ValueError(
+            f"rc3: a caption has {input_ids.shape[1]} tokens, more than data.max_length={length}"
+        )
     return F.pad(input_ids, (0, extra), value=pad_id), F.pad(attention_mask, (0, extra), value=0)
 
 
@@ -731,7 +840,9 @@ class MatchingScorer:
     @torch.no_grad()
     def score(self, images: Tensor, block: tuple[Tensor, Tensor], rows: Tensor) -> Tensor:
         input_ids, attention_mask = block
-        return self.module.match_logits(self.visual.rows(images), input_ids[rows], attention_mask[rows])
+        return self.module.match_logits(
+            self.visual.rows(images), input_ids[rows], attention_mask[rows]
+        )
 
 
 class StepIndexedBatches:
@@ -746,7 +857,9 @@ class StepIndexedBatches:
     def batch(self, step: int) -> dict:
         per_epoch = len(self.sampler)
         if per_epoch == 0:
-            raise ValueError("rc3: the parallel-text loader is empty (XTCL needs parallel captions)")
+            raise ValueError(
+                "rc3: the parallel-text loader is empty (XTCL needs parallel captions)"
+            )
         epoch, position = divmod(step, per_epoch)
         if epoch != self._epoch:
             self.sampler.set_epoch(epoch)

@@ -10,6 +10,17 @@ from metrics.report import better_direction, report_keys, retrieval_report
 from metrics.reranking import Reranker
 
 __all__ = [
-    "METRIC_PROTOCOL", "Reranker", "better_direction", "report_keys", "RetrievalEvaluation", "best_positive_rank", "graded_ndcg", "graded_ndcg_at", "mean_rank_variance", "paired_ranks",
-    "rank_and_ndcg", "ranks", "retrieval_report",
+    "METRIC_PROTOCOL",
+    "Reranker",
+    "better_direction",
+    "report_keys",
+    "RetrievalEvaluation",
+    "best_positive_rank",
+    "graded_ndcg",
+    "graded_ndcg_at",
+    "mean_rank_variance",
+    "paired_ranks",
+    "rank_and_ndcg",
+    "ranks",
+    "retrieval_report",
 ]

@@ -24,8 +24,9 @@ from metrics.evaluation import RetrievalEvaluation
 from metrics.ranks import check_finite_embeddings, rank_and_ndcg
 
 
-def dedup_i2t_ranks(image_emb: Tensor, text_emb: Tensor, caption_image: Tensor,
-                    chunk_size: int = 1024) -> Tensor:
+def dedup_i2t_ranks(
+    image_emb: Tensor, text_emb: Tensor, caption_image: Tensor, chunk_size: int = 1024
+) -> Tensor:
     """Rank blocks [Q, 3] of the images that have captions (ascending image index), each ranked
     among those images by their best caption's score."""
     check_finite_embeddings("i2t dedup", image_emb, text_emb)
@@ -37,23 +38,37 @@ def dedup_i2t_ranks(image_emb: Tensor, text_emb: Tensor, caption_image: Tensor,
         scores = image_emb[rows] @ text_emb.T
         per_image = scores.new_full((len(rows), len(queries)), float("-inf"))
         best[start : start + len(rows)] = per_image.scatter_reduce(
-            1, slot[None].expand(len(rows), -1), scores, reduce="amax")
+            1, slot[None].expand(len(rows), -1), scores, reduce="amax"
+        )
     groups = torch.arange(len(queries), device=image_emb.device)
-    blocks, _ = rank_and_ndcg(None, None, groups, groups, scores=best, chunk_size=chunk_size,
-                              direction="i2t dedup")
+    blocks, _ = rank_and_ndcg(
+        None, None, groups, groups, scores=best, chunk_size=chunk_size, direction="i2t dedup"
+    )
     return blocks
 
 
-def dedup_recall_report(image_emb: Tensor, text_emb: Tensor, caption_image: Tensor,
-                        caption_language: Sequence[str], report: dict[str, float], *,
-                        ks: Sequence[int] = (1, 5, 10), chunk_size: int = 1024) -> dict[str, float]:
+def dedup_recall_report(
+    image_emb: Tensor,
+    text_emb: Tensor,
+    caption_image: Tensor,
+    caption_language: Sequence[str],
+    report: dict[str, float],
+    *,
+    ks: Sequence[int] = (1, 5, 10),
+    chunk_size: int = 1024,
+) -> dict[str, float]:
     """The dedup keys for every language of ``caption_language``; ``report`` is the standard
     report of the same embeddings (its t2i recalls enter ``<lang>/mR_dedup``)."""
     languages = list(dict.fromkeys(caption_language))
     scores: dict[str, float] = {}
     for language in languages:
-        captions = torch.tensor([lang == language for lang in caption_language],
-                                device=caption_image.device).nonzero().squeeze(1)
+        captions = (
+            torch.tensor(
+                [lang == language for lang in caption_language], device=caption_image.device
+            )
+            .nonzero()
+            .squeeze(1)
+        )
         ranks = dedup_i2t_ranks(image_emb, text_emb[captions], caption_image[captions], chunk_size)
         recalls = []
         for k in ks:
@@ -69,14 +84,28 @@ class DedupRecallEvaluation(RetrievalEvaluation):
     gathered embeddings, in index order)."""
 
     def compute(  # type: ignore[override]  # takes the ground truth until issue 33 item 5
-        self, *, caption_image: Tensor, caption_language: Sequence[str],
-        image_ids: Sequence[str], **kwargs,
+        self,
+        *,
+        caption_image: Tensor,
+        caption_language: Sequence[str],
+        image_ids: Sequence[str],
+        **kwargs,
     ) -> dict[str, float]:
-        report = super().compute(caption_image=caption_image, caption_language=caption_language,
-                                 image_ids=image_ids, **kwargs)
+        report = super().compute(
+            caption_image=caption_image,
+            caption_language=caption_language,
+            image_ids=image_ids,
+            **kwargs,
+        )
         image_emb = self._placed("images", "emb", len(image_ids))
         text_emb = self._placed("captions", "emb", len(caption_image))
-        extra = dedup_recall_report(image_emb, text_emb, caption_image.to(image_emb.device),
-                                    caption_language, report, ks=self.ks,
-                                    chunk_size=self.chunk_size)
+        extra = dedup_recall_report(
+            image_emb,
+            text_emb,
+            caption_image.to(image_emb.device),
+            caption_language,
+            report,
+            ks=self.ks,
+            chunk_size=self.chunk_size,
+        )
         return report | extra

@@ -29,7 +29,9 @@ def place_rows(index: Tensor, rows: Tensor, count: int, what: str) -> Tensor:
     """``rows`` [n, ...] put at their ``index`` in a tensor of ``count`` rows; for a repeated index the
     first copy is kept. An index out of range or an item never seen is an error."""
     if len(index) and int(index.max()) >= count:
-        raise RuntimeError(f"evaluation: {what} index {int(index.max())} out of range ({count} {what})")
+        raise RuntimeError(
+            f"evaluation: {what} index {int(index.max())} out of range ({count} {what})"
+        )
     items, slot = torch.unique(index, return_inverse=True)
     missing = count - len(items)
     if missing:
@@ -51,10 +53,23 @@ class RetrievalEvaluation(Metric):
 
     full_state_update = False
 
-    def __init__(self, *, ks: Sequence[int], ndcg_k: int, unimodal_ndcg_ks: Sequence[int], chunk_size: int,
-                 rerank_k: int, **kwargs) -> None:
+    def __init__(
+        self,
+        *,
+        ks: Sequence[int],
+        ndcg_k: int,
+        unimodal_ndcg_ks: Sequence[int],
+        chunk_size: int,
+        rerank_k: int,
+        **kwargs,
+    ) -> None:
         super().__init__(compute_with_cache=False, **kwargs)
-        self.ks, self.ndcg_k, self.chunk_size, self.rerank_k = tuple(ks), ndcg_k, chunk_size, rerank_k
+        self.ks, self.ndcg_k, self.chunk_size, self.rerank_k = (
+            tuple(ks),
+            ndcg_k,
+            chunk_size,
+            rerank_k,
+        )
         self.unimodal_ndcg_ks = tuple(unimodal_ndcg_ks)
         self.cache_keys: dict[str, list[str] | None] = {side: None for side in SIDES}
         for side in SIDES:
@@ -62,11 +77,15 @@ class RetrievalEvaluation(Metric):
             self.add_state(self._state(side, "emb"), default=[], dist_reduce_fx="cat")
 
     @classmethod
-    def from_config(cls, evaluation: Mapping, **overrides) -> "RetrievalEvaluation":
+    def from_config(cls, evaluation: Mapping, **overrides) -> RetrievalEvaluation:
         """The evaluation the run's ``evaluation`` config section asks for (``overrides`` win)."""
-        settings: dict[str, Any] = {"ks": tuple(evaluation["ks"]), "ndcg_k": int(evaluation["ndcg_k"]),
-                    "unimodal_ndcg_ks": tuple(evaluation["unimodal_ndcg_ks"]),
-                    "chunk_size": int(evaluation["chunk_size"]), "rerank_k": int(evaluation["rerank_k"])}
+        settings: dict[str, Any] = {
+            "ks": tuple(evaluation["ks"]),
+            "ndcg_k": int(evaluation["ndcg_k"]),
+            "unimodal_ndcg_ks": tuple(evaluation["unimodal_ndcg_ks"]),
+            "chunk_size": int(evaluation["chunk_size"]),
+            "rerank_k": int(evaluation["rerank_k"]),
+        }
         return cls(**(settings | overrides))
 
     @staticmethod
@@ -75,7 +94,9 @@ class RetrievalEvaluation(Metric):
 
     def update(self, side: str, index: Tensor, emb: Tensor, cache: Cache = None) -> None:
         if side not in SIDES:
-            raise ValueError(f"RetrievalEvaluation: side must be one of {sorted(SIDES)}, got {side!r}")
+            raise ValueError(
+                f"RetrievalEvaluation: side must be one of {sorted(SIDES)}, got {side!r}"
+            )
         getattr(self, self._state(side, "index")).append(index.detach().long().flatten())
         getattr(self, self._state(side, "emb")).append(emb.detach())
         if cache is None:
@@ -119,23 +140,39 @@ class RetrievalEvaluation(Metric):
         ``build_pair_scores(image_cache, text_cache)`` (instead) makes the score matrix of every
         image-caption pair that the cross-modal ranks then come from."""
         if build_pair_scores is not None and self.rerank_k > 0:
-            raise ValueError("evaluation: a score matrix of every pair leaves nothing to re-rank; "
-                             "set evaluation.rerank_k=0")
+            raise ValueError(
+                "evaluation: a score matrix of every pair leaves nothing to re-rank; "
+                "set evaluation.rerank_k=0"
+            )
         image_emb = self._placed("images", "emb", len(image_ids))
         text_emb = self._placed("captions", "emb", len(caption_image))
         reranker, pair_scores = None, None
         if self.rerank_k > 0 and build_reranker is not None:
-            reranker = build_reranker(self._placed_cache("images", len(image_ids)),
-                                      self._placed_cache("captions", len(caption_image)))
+            reranker = build_reranker(
+                self._placed_cache("images", len(image_ids)),
+                self._placed_cache("captions", len(caption_image)),
+            )
         if build_pair_scores is not None:
-            pair_scores = build_pair_scores(self._placed_cache("images", len(image_ids)),
-                                            self._placed_cache("captions", len(caption_image)))
+            pair_scores = build_pair_scores(
+                self._placed_cache("images", len(image_ids)),
+                self._placed_cache("captions", len(caption_image)),
+            )
         report = retrieval_report(
-            image_emb, text_emb, caption_image.to(image_emb.device), caption_language, image_ids,
-            ks=self.ks, ndcg_k=self.ndcg_k, unimodal_ndcg_ks=self.unimodal_ndcg_ks,
-            chunk_size=self.chunk_size, reranker=reranker,
+            image_emb,
+            text_emb,
+            caption_image.to(image_emb.device),
+            caption_language,
+            image_ids,
+            ks=self.ks,
+            ndcg_k=self.ndcg_k,
+            unimodal_ndcg_ks=self.unimodal_ndcg_ks,
+            chunk_size=self.chunk_size,
+            reranker=reranker,
             rerank_k=self.rerank_k if reranker is not None else 0,
-            image_relevance=None if image_relevance is None else image_relevance.to(image_emb.device),
-            mrv_languages=mrv_languages, pair_scores=pair_scores,
+            image_relevance=None
+            if image_relevance is None
+            else image_relevance.to(image_emb.device),
+            mrv_languages=mrv_languages,
+            pair_scores=pair_scores,
         )
         return {key: float(value) for key, value in report.items()}

@@ -65,7 +65,9 @@ def mean_rank_variance(
             f"MRV: instance {int(keys[repeated // num_languages])} has two ranks for language "
             f"{repeated % num_languages}"
         )
-    table = torch.full((len(keys), num_languages), float("nan"), dtype=torch.float64, device=values.device)
+    table = torch.full(
+        (len(keys), num_languages), float("nan"), dtype=torch.float64, device=values.device
+    )
     table.view(-1)[cell] = values
     complete = ~table.isnan().any(1)
     table = table[complete]

@@ -32,13 +32,19 @@ EDGE_ROWS = 64  # rows whose tie at position k is recounted over the whole row a
 def _check_relevance(item_relevance: Tensor) -> None:
     bad = int((~torch.isfinite(item_relevance)).sum())
     if bad:
-        raise ValueError(f"graded NDCG: {bad} non-finite relevance value(s) of {item_relevance.numel()}")
+        raise ValueError(
+            f"graded NDCG: {bad} non-finite relevance value(s) of {item_relevance.numel()}"
+        )
     negative = int((item_relevance < 0).sum())
     if negative:
-        raise ValueError(f"graded NDCG: {negative} negative relevance value(s); relevance must be >= 0")
+        raise ValueError(
+            f"graded NDCG: {negative} negative relevance value(s); relevance must be >= 0"
+        )
 
 
-def ideal_dcg_per_item(item_gain: Tensor, candidate_item: Tensor, k: int, exclude_self: bool) -> Tensor:
+def ideal_dcg_per_item(
+    item_gain: Tensor, candidate_item: Tensor, k: int, exclude_self: bool
+) -> Tensor:
     """IDCG@k of a query of each item [I]: the k largest gains among the candidates, where item j
     contributes ``gain[i, j]`` once per candidate of item j (one fewer for the query's own item
     when the query itself is no candidate)."""
@@ -58,8 +64,9 @@ def ideal_dcg_per_item(item_gain: Tensor, candidate_item: Tensor, k: int, exclud
     return (best * position_discounts(k, item_gain.device)).sum(1)
 
 
-def _chunk_gains(item_gain: Tensor, own_item: Tensor, candidate_item: Tensor, start: int,
-                 exclude_self: bool) -> Callable[[Tensor, Tensor], Tensor]:
+def _chunk_gains(
+    item_gain: Tensor, own_item: Tensor, candidate_item: Tensor, start: int, exclude_self: bool
+) -> Callable[[Tensor, Tensor], Tensor]:
     """``gain_at(rows, columns)`` of a chunk of queries starting at query ``start``: the gain of
     each (chunk row, candidate) pair, 0 for a query against itself when ``exclude_self``."""
 
@@ -70,7 +77,9 @@ def _chunk_gains(item_gain: Tensor, own_item: Tensor, candidate_item: Tensor, st
     return gain_at
 
 
-def _sorted_top(scores: Tensor, gain_at: Callable[[Tensor, Tensor], Tensor], size: int) -> tuple[Tensor, Tensor]:
+def _sorted_top(
+    scores: Tensor, gain_at: Callable[[Tensor, Tensor], Tensor], size: int
+) -> tuple[Tensor, Tensor]:
     """The ``size`` best scores of each row, descending, and their gains [c, size]; rows with fewer
     candidates are padded with -inf scores of gain 0."""
     available = min(size, scores.shape[1])
@@ -78,13 +87,16 @@ def _sorted_top(scores: Tensor, gain_at: Callable[[Tensor, Tensor], Tensor], siz
     rows = torch.arange(len(scores), device=scores.device)
     item_gain = gain_at(rows[:, None], indices)
     if available < size:
-        values = torch.cat([values, values.new_full((len(values), size - available), float("-inf"))], 1)
+        values = torch.cat(
+            [values, values.new_full((len(values), size - available), float("-inf"))], 1
+        )
         item_gain = torch.cat([item_gain, item_gain.new_zeros(len(values), size - available)], 1)
     return values, item_gain
 
 
-def _chunk_dcg(scores: Tensor, best: tuple[Tensor, Tensor], gain_at: Callable[[Tensor, Tensor], Tensor],
-               k: int) -> Tensor:
+def _chunk_dcg(
+    scores: Tensor, best: tuple[Tensor, Tensor], gain_at: Callable[[Tensor, Tensor], Tensor], k: int
+) -> Tensor:
     """DCG@k of each row of ``scores`` [c, M] from ``best``, its rows' sorted best scores and their
     gains (at least k+1 columns, see ``_sorted_top``); ``gain_at(rows, columns)`` gives item gains.
     Cutting a longer sorted list at k is exact: whatever precedes the (k+1)-th score scores higher
@@ -123,8 +135,17 @@ def graded_ndcg(
     """Per-query graded NDCG@k [Q] (float64). ``query_item`` [Q] and ``candidate_item`` [M] index
     the rows and columns of ``item_relevance`` [I, I]; with ``exclude_self``, query i is not a
     candidate of itself (i2i, t2t: the same set on both sides)."""
-    return graded_ndcg_at(query_emb, candidate_emb, query_item, candidate_item, item_relevance,
-                          ks=(k,), exclude_self=exclude_self, gain=gain, chunk_size=chunk_size)[k]
+    return graded_ndcg_at(
+        query_emb,
+        candidate_emb,
+        query_item,
+        candidate_item,
+        item_relevance,
+        ks=(k,),
+        exclude_self=exclude_self,
+        gain=gain,
+        chunk_size=chunk_size,
+    )[k]
 
 
 def graded_ndcg_at(
@@ -145,18 +166,24 @@ def graded_ndcg_at(
         raise ValueError(f"unknown gain {gain!r}; choose one of {sorted(GAINS)}")
     bad_ks = [k for k in ks if isinstance(k, bool) or not isinstance(k, int) or k < 1]
     if bad_ks or not ks:
-        raise ValueError(f"graded NDCG: cut-offs must be a non-empty list of integers >= 1, got {list(ks)}")
+        raise ValueError(
+            f"graded NDCG: cut-offs must be a non-empty list of integers >= 1, got {list(ks)}"
+        )
     ks = list(dict.fromkeys(ks))
     check_finite_embeddings("graded NDCG", query_emb, candidate_emb)
     _check_relevance(item_relevance)
     item_gain = GAINS[gain](item_relevance.to(torch.float64))
-    ideal = {k: ideal_dcg_per_item(item_gain, candidate_item, k, exclude_self)[query_item] for k in ks}
+    ideal = {
+        k: ideal_dcg_per_item(item_gain, candidate_item, k, exclude_self)[query_item] for k in ks
+    }
     num_queries = query_emb.shape[0]
     result = {k: torch.empty(num_queries, dtype=torch.float64, device=query_emb.device) for k in ks}
     for start in range(0, num_queries, chunk_size):
         stop = min(start + chunk_size, num_queries)
         scores = query_emb[start:stop] @ candidate_emb.T
-        gain_at = _chunk_gains(item_gain, query_item[start:stop], candidate_item, start, exclude_self)
+        gain_at = _chunk_gains(
+            item_gain, query_item[start:stop], candidate_item, start, exclude_self
+        )
         if exclude_self:
             rows = torch.arange(stop - start, device=scores.device)
             scores[rows, rows + start] = float("-inf")
@@ -165,6 +192,8 @@ def graded_ndcg_at(
             dcg = _chunk_dcg(scores, best, gain_at, k)
             chunk_ideal = ideal[k][start:stop]
             result[k][start:stop] = torch.where(
-                chunk_ideal > 0, dcg / chunk_ideal.clamp(min=torch.finfo(chunk_ideal.dtype).tiny), 0.0
+                chunk_ideal > 0,
+                dcg / chunk_ideal.clamp(min=torch.finfo(chunk_ideal.dtype).tiny),
+                0.0,
             )
     return result

@@ -50,33 +50,43 @@ def positive_lists(query_group: Tensor, candidate_group: Tensor) -> tuple[Tensor
 MAX_EXACT_COUNT = 2**24  # float32 holds every integer up to here exactly
 
 
-def count_compare(compare, part: Tensor, threshold: Tensor, dim: int, scratch: Tensor | None = None) -> Tensor:
+def count_compare(
+    compare, part: Tensor, threshold: Tensor, dim: int, scratch: Tensor | None = None
+) -> Tensor:
     """How many entries of ``part`` satisfy ``compare(entry, threshold)`` along ``dim`` (long).
 
     The 0/1 outcome is written into a float32 buffer and summed there: summing floats is about
     5x faster on CPU than summing bools, and exact because counts stay below 2**24.
     """
     if part.shape[dim] >= MAX_EXACT_COUNT:
-        raise ValueError(f"cannot count over {part.shape[dim]} candidates (limit {MAX_EXACT_COUNT})")
+        raise ValueError(
+            f"cannot count over {part.shape[dim]} candidates (limit {MAX_EXACT_COUNT})"
+        )
     if scratch is None:
         scratch = torch.empty(part.shape, dtype=torch.float32, device=part.device)
     compare(part, threshold, out=scratch)
     return scratch.sum(dim).long()
 
 
-def count_above(parts: list[Tensor], threshold: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
+def count_above(
+    parts: list[Tensor], threshold: Tensor, scratch: list[Tensor] | None = None
+) -> Tensor:
     """Per row, how many scores across the column blocks ``parts`` exceed ``threshold`` [rows]."""
     buffers: Sequence[Tensor | None] = scratch or [None] * len(parts)
-    counts = (count_compare(torch.gt, p, threshold[:, None], 1, b)
-              for p, b in zip(parts, buffers, strict=True))
+    counts = (
+        count_compare(torch.gt, p, threshold[:, None], 1, b)
+        for p, b in zip(parts, buffers, strict=True)
+    )
     return reduce(operator.add, counts)
 
 
 def count_equal(parts: list[Tensor], value: Tensor, scratch: list[Tensor] | None = None) -> Tensor:
     """Per row, how many scores across ``parts`` equal ``value`` [rows]."""
     buffers: Sequence[Tensor | None] = scratch or [None] * len(parts)
-    counts = (count_compare(torch.eq, p, value[:, None], 1, b)
-              for p, b in zip(parts, buffers, strict=True))
+    counts = (
+        count_compare(torch.eq, p, value[:, None], 1, b)
+        for p, b in zip(parts, buffers, strict=True)
+    )
     return reduce(operator.add, counts)
 
 
@@ -165,8 +175,9 @@ def _rank_rows(
         rows_valid = valid[start:stop]
         best = positive.masked_fill(~rows_valid, float("-inf")).amax(1)
         tied_positives = ((positive == best[:, None]) & rows_valid).sum(1)
-        blocks[start:stop] = rank_blocks(count_above([scores], best), count_equal([scores], best),
-                                         tied_positives)
+        blocks[start:stop] = rank_blocks(
+            count_above([scores], best), count_equal([scores], best), tied_positives
+        )
         ndcg[start:stop] = positive_ndcg([scores], positive, rows_valid, ndcg_k)
     return blocks, ndcg
 
@@ -198,17 +209,29 @@ def rank_and_ndcg(
     if scores is not None:
         check_finite_scores(direction, scores)
         return _rank_rows(
-            lambda a, b: scores[a:b], scores.shape[0], query_group, candidate_group,
-            chunk_size=chunk_size, ndcg_k=ndcg_k, reranker=reranker, rerank_k=rerank_k,
+            lambda a, b: scores[a:b],
+            scores.shape[0],
+            query_group,
+            candidate_group,
+            chunk_size=chunk_size,
+            ndcg_k=ndcg_k,
+            reranker=reranker,
+            rerank_k=rerank_k,
             direction=direction,
         )
     if query_emb is None or candidate_emb is None:
         raise ValueError(f"{direction}: give either scores or both query and candidate embeddings")
     check_finite_embeddings(direction, query_emb, candidate_emb)
     return _rank_rows(
-        lambda a, b: query_emb[a:b] @ candidate_emb.T, query_emb.shape[0], query_group,
-        candidate_group, chunk_size=chunk_size, ndcg_k=ndcg_k, reranker=reranker,
-        rerank_k=rerank_k, direction=direction,
+        lambda a, b: query_emb[a:b] @ candidate_emb.T,
+        query_emb.shape[0],
+        query_group,
+        candidate_group,
+        chunk_size=chunk_size,
+        ndcg_k=ndcg_k,
+        reranker=reranker,
+        rerank_k=rerank_k,
+        direction=direction,
     )
 
 
@@ -227,8 +250,15 @@ def best_positive_rank(
     """Expected 0-based rank of each query's first positive, float64 [Q] (see ``metrics.ties``
     and ``rank_and_ndcg``)."""
     blocks, _ = rank_and_ndcg(
-        query_emb, candidate_emb, query_group, candidate_group, scores=scores,
-        chunk_size=chunk_size, reranker=reranker, rerank_k=rerank_k, direction=direction,
+        query_emb,
+        candidate_emb,
+        query_group,
+        candidate_group,
+        scores=scores,
+        chunk_size=chunk_size,
+        reranker=reranker,
+        rerank_k=rerank_k,
+        direction=direction,
     )
     return expected_rank(blocks)
 
@@ -238,14 +268,18 @@ class PairedRanks:
     """Both directions of one image set against one caption set as rank blocks; an image without
     captions (it is no query) has an i2t block of -1."""
 
-    i2t_rank: Tensor   # [N, 3]
-    i2t_ndcg: Tensor   # [N]
-    t2i_rank: Tensor   # [T, 3]
-    t2i_ndcg: Tensor   # [T]
+    i2t_rank: Tensor  # [N, 3]
+    i2t_ndcg: Tensor  # [N]
+    t2i_rank: Tensor  # [T, 3]
+    t2i_ndcg: Tensor  # [T]
 
 
 def paired_ranks(
-    image_emb: Tensor, text_emb: Tensor, caption_image: Tensor, *, chunk_size: int = 1024,
+    image_emb: Tensor,
+    text_emb: Tensor,
+    caption_image: Tensor,
+    *,
+    chunk_size: int = 1024,
     ndcg_k: int = 10,
 ) -> PairedRanks:
     """Image->text and text->image ranks and NDCG from ONE pass of the similarity matmul.
@@ -281,8 +315,10 @@ def paired_ranks(
         lo, hi = int(first_caption[a]), int(first_caption[b])
         spans = [(0, lo, None), (lo, hi, block), (hi, num_captions, None)]
         spans = [(start, stop, stored) for start, stop, stored in spans if stop > start]
-        parts = [image_emb[a:b] @ texts[start:stop].T if stored is None else stored
-                 for start, stop, stored in spans]
+        parts = [
+            image_emb[a:b] @ texts[start:stop].T if stored is None else stored
+            for start, stop, stored in spans
+        ]
         scratch = [torch.empty(part.shape, dtype=torch.float32, device=device) for part in parts]
         for part, buffer, (start, stop, _) in zip(parts, scratch, spans, strict=True):
             columns = slice(start, stop)
@@ -292,8 +328,9 @@ def paired_ranks(
         positive = gold[positive_index[a:b]].masked_fill(~rows_valid, float("-inf"))
         best = positive.amax(1)
         tied_positives = (positive == best[:, None]).sum(1)
-        i2t_rank[a:b] = rank_blocks(count_above(parts, best, scratch),
-                                    count_equal(parts, best, scratch), tied_positives)
+        i2t_rank[a:b] = rank_blocks(
+            count_above(parts, best, scratch), count_equal(parts, best, scratch), tied_positives
+        )
         has_caption = rows_valid.any(1)
         scores_ndcg = positive_ndcg(parts, positive, rows_valid, ndcg_k)
         i2t_ndcg[a:b] = torch.where(has_caption, scores_ndcg, 0.0)

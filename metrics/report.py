@@ -17,7 +17,9 @@ from metrics.ties import HIGHER
 def _check_inputs(image_emb, text_emb, caption_image, caption_language, image_ids) -> None:
     num_images, num_captions = image_emb.shape[0], text_emb.shape[0]
     if len(image_ids) != num_images:
-        raise ValueError(f"retrieval_report: {len(image_ids)} image_ids for {num_images} image embeddings")
+        raise ValueError(
+            f"retrieval_report: {len(image_ids)} image_ids for {num_images} image embeddings"
+        )
     if len(set(image_ids)) != num_images:
         raise ValueError("retrieval_report: image_ids are not unique")
     if caption_image.shape != (num_captions,) or len(caption_language) != num_captions:
@@ -28,7 +30,9 @@ def _check_inputs(image_emb, text_emb, caption_image, caption_language, image_id
     outside = ((caption_image < 0) | (caption_image >= num_images)).nonzero()
     if len(outside):
         row = int(outside[0])
-        raise ValueError(f"retrieval_report: caption {row} points to image {int(caption_image[row])} of {num_images}")
+        raise ValueError(
+            f"retrieval_report: caption {row} points to image {int(caption_image[row])} of {num_images}"
+        )
     bad_images, bad_captions = count_non_finite(image_emb)[0], count_non_finite(text_emb)[0]
     if bad_images or bad_captions:
         raise ValueError(
@@ -55,36 +59,83 @@ def _first_caption_per_image(caption_image: Tensor) -> tuple[Tensor, Tensor]:
     """(images, position of each image's first caption) for the images that have captions."""
     images, slot = torch.unique(caption_image, return_inverse=True)
     positions = torch.arange(len(caption_image), device=caption_image.device)
-    first = torch.full((len(images),), len(caption_image), dtype=torch.long, device=caption_image.device)
+    first = torch.full(
+        (len(images),), len(caption_image), dtype=torch.long, device=caption_image.device
+    )
     return images, first.scatter_reduce(0, slot, positions, reduce="amin")
 
 
-def _language_ranks(image_emb, text_emb, captions, caption_image, *, ndcg_k, chunk_size,
-                    reranker, rerank_k, pair_scores):
+def _language_ranks(
+    image_emb,
+    text_emb,
+    captions,
+    caption_image,
+    *,
+    ndcg_k,
+    chunk_size,
+    reranker,
+    rerank_k,
+    pair_scores,
+):
     """(i2t query images, i2t ranks, i2t NDCG, t2i ranks, t2i NDCG) for one language's captions."""
     owners = caption_image[captions]
     if pair_scores is not None:
         block = pair_scores[:, captions.to(pair_scores.device)].to(owners.device)
         queries = torch.unique(owners)
-        i2t = rank_and_ndcg(None, None, queries, owners, scores=block[queries], chunk_size=chunk_size,
-                            ndcg_k=ndcg_k, direction="i2t")
-        t2i = rank_and_ndcg(None, None, owners, torch.arange(block.shape[0], device=owners.device),
-                            scores=block.T, chunk_size=chunk_size, ndcg_k=ndcg_k, direction="t2i")
+        i2t = rank_and_ndcg(
+            None,
+            None,
+            queries,
+            owners,
+            scores=block[queries],
+            chunk_size=chunk_size,
+            ndcg_k=ndcg_k,
+            direction="i2t",
+        )
+        t2i = rank_and_ndcg(
+            None,
+            None,
+            owners,
+            torch.arange(block.shape[0], device=owners.device),
+            scores=block.T,
+            chunk_size=chunk_size,
+            ndcg_k=ndcg_k,
+            direction="t2i",
+        )
         return (queries, *i2t, *t2i)
     if reranker is None or rerank_k <= 0:
-        paired = paired_ranks(image_emb, text_emb[captions], owners, chunk_size=chunk_size, ndcg_k=ndcg_k)
+        paired = paired_ranks(
+            image_emb, text_emb[captions], owners, chunk_size=chunk_size, ndcg_k=ndcg_k
+        )
         queries = (paired.i2t_rank[:, HIGHER] >= 0).nonzero().squeeze(1)
-        return (queries, paired.i2t_rank[queries], paired.i2t_ndcg[queries], paired.t2i_rank,
-                paired.t2i_ndcg)
+        return (
+            queries,
+            paired.i2t_rank[queries],
+            paired.i2t_ndcg[queries],
+            paired.t2i_rank,
+            paired.t2i_ndcg,
+        )
     queries = torch.unique(owners)
     i2t = rank_and_ndcg(
-        image_emb[queries], text_emb[captions], queries, owners, chunk_size=chunk_size,
-        ndcg_k=ndcg_k, direction="i2t", rerank_k=rerank_k,
+        image_emb[queries],
+        text_emb[captions],
+        queries,
+        owners,
+        chunk_size=chunk_size,
+        ndcg_k=ndcg_k,
+        direction="i2t",
+        rerank_k=rerank_k,
         reranker=lambda d, q, c: reranker(d, queries[q], captions[c]),
     )
     t2i = rank_and_ndcg(
-        text_emb[captions], image_emb, owners, torch.arange(image_emb.shape[0], device=owners.device),
-        chunk_size=chunk_size, ndcg_k=ndcg_k, direction="t2i", rerank_k=rerank_k,
+        text_emb[captions],
+        image_emb,
+        owners,
+        torch.arange(image_emb.shape[0], device=owners.device),
+        chunk_size=chunk_size,
+        ndcg_k=ndcg_k,
+        direction="t2i",
+        rerank_k=rerank_k,
         reranker=lambda d, q, c: reranker(d, captions[q], c),
     )
     return (queries, *i2t, *t2i)
@@ -136,21 +187,35 @@ def retrieval_report(
     _check_inputs(image_emb, text_emb, caption_image, caption_language, image_ids)
     if pair_scores is not None:
         if pair_scores.shape != (image_emb.shape[0], text_emb.shape[0]):
-            raise ValueError(f"retrieval_report: pair_scores has shape {tuple(pair_scores.shape)}, "
-                             f"expected ({image_emb.shape[0]}, {text_emb.shape[0]}) (images, captions)")
+            raise ValueError(
+                f"retrieval_report: pair_scores has shape {tuple(pair_scores.shape)}, "
+                f"expected ({image_emb.shape[0]}, {text_emb.shape[0]}) (images, captions)"
+            )
         if rerank_k > 0:
-            raise ValueError("retrieval_report: pair_scores already score every pair; rerank_k must be 0")
+            raise ValueError(
+                "retrieval_report: pair_scores already score every pair; rerank_k must be 0"
+            )
     languages = list(dict.fromkeys(caption_language))
     mrv_set = _mrv_languages(languages, mrv_languages)
-    language_of = torch.tensor([languages.index(lang) for lang in caption_language], dtype=torch.long,
-                               device=caption_image.device)
+    language_of = torch.tensor(
+        [languages.index(lang) for lang in caption_language],
+        dtype=torch.long,
+        device=caption_image.device,
+    )
     report: dict[str, float] = {}
     mrv_rows: dict[str, list[tuple[Tensor, Tensor, Tensor]]] = {"i2t": [], "t2i": []}
     for slot, lang in enumerate(languages):
         captions = (language_of == slot).nonzero().squeeze(1)
         queries, i2t_rank, i2t_ndcg, t2i_rank, t2i_ndcg = _language_ranks(
-            image_emb, text_emb, captions, caption_image, ndcg_k=ndcg_k, chunk_size=chunk_size,
-            reranker=reranker, rerank_k=rerank_k, pair_scores=pair_scores,
+            image_emb,
+            text_emb,
+            captions,
+            caption_image,
+            ndcg_k=ndcg_k,
+            chunk_size=chunk_size,
+            reranker=reranker,
+            rerank_k=rerank_k,
+            pair_scores=pair_scores,
         )
         report |= _direction_scores(f"{lang}/i2t", i2t_rank, i2t_ndcg, ks, ndcg_k)
         report |= _direction_scores(f"{lang}/t2i", t2i_rank, t2i_ndcg, ks, ndcg_k)
@@ -167,8 +232,9 @@ def retrieval_report(
         report["mR_non_en"] = sum(report[f"{lang}/mR"] for lang in non_english) / len(non_english)
     report |= _mrv_scores(mrv_rows, len(mrv_set), image_emb.shape[0])
     if image_relevance is not None:
-        report |= _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, unimodal_ndcg_ks,
-                                 chunk_size)
+        report |= _unimodal_ndcg(
+            image_emb, text_emb, caption_image, image_relevance, unimodal_ndcg_ks, chunk_size
+        )
     return report
 
 
@@ -177,7 +243,9 @@ def _mrv_scores(mrv_rows: dict[str, list], num_languages: int, num_images: int) 
     scores: dict[str, float] = {}
     for direction, rows in mrv_rows.items():
         instance, language, ranks = (torch.cat(column) for column in zip(*rows, strict=True))
-        variance, std, incomplete = functional.mean_rank_variance(instance, language, ranks, num_languages)
+        variance, std, incomplete = functional.mean_rank_variance(
+            instance, language, ranks, num_languages
+        )
         scores[f"all/MRV_var/{direction}"] = variance
         scores[f"all/MRV_std/{direction}"] = std
         complete = len(torch.unique(instance)) - incomplete
@@ -198,20 +266,31 @@ def _unimodal_ndcg(image_emb, text_emb, caption_image, image_relevance, ks, chun
     images = torch.arange(num_images, device=caption_image.device)
     scores = {}
     for name, emb, items in (("i2i", image_emb, images), ("t2t", text_emb, caption_image)):
-        per_k = graded_ndcg_at(emb, emb, items, items, image_relevance, ks=ks, exclude_self=True,
-                               chunk_size=chunk_size)
+        per_k = graded_ndcg_at(
+            emb, emb, items, items, image_relevance, ks=ks, exclude_self=True, chunk_size=chunk_size
+        )
         scores |= {f"{name}/NDCG@{k}": ndcg.mean().item() for k, ndcg in per_k.items()}
     return scores
 
 
-def report_keys(languages: Sequence[str], *, ks=(1, 5, 10), ndcg_k: int = 10,
-                unimodal_ndcg_ks: Sequence[int] = (), graded: bool = False) -> list[str]:
+def report_keys(
+    languages: Sequence[str],
+    *,
+    ks=(1, 5, 10),
+    ndcg_k: int = 10,
+    unimodal_ndcg_ks: Sequence[int] = (),
+    graded: bool = False,
+) -> list[str]:
     """The keys :func:`retrieval_report` returns for these evaluated languages and settings
     (``graded``: the data gives image relevance, so the uni-modal NDCG keys are present), known
     before anything is scored: a run checks ``evaluation.select_on`` against them."""
     metrics = [*(f"R@{k}" for k in ks), f"NDCG@{ndcg_k}", "MRR", "MeanR", "MedR"]
-    keys = [f"{lang}/{direction}/{m}" for lang in languages for direction in ("i2t", "t2i")
-            for m in metrics]
+    keys = [
+        f"{lang}/{direction}/{m}"
+        for lang in languages
+        for direction in ("i2t", "t2i")
+        for m in metrics
+    ]
     keys += [f"{lang}/mR" for lang in languages] + ["mR"]
     if any(lang != "en" for lang in languages):
         keys.append("mR_non_en")
@@ -223,7 +302,7 @@ def report_keys(languages: Sequence[str], *, ks=(1, 5, 10), ndcg_k: int = 10,
 
 
 LOWER_IS_BETTER = ("MeanR", "MedR")  # ranks; every MRV key (a spread of ranks) too
-NOT_A_SCORE = ("all/MRV_dropped",)   # a count of images left out, neither better nor worse
+NOT_A_SCORE = ("all/MRV_dropped",)  # a count of images left out, neither better nor worse
 
 
 def better_direction(key: str) -> str:

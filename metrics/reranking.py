@@ -30,7 +30,9 @@ def rerank_chunk(
         )
     bad = int((~torch.isfinite(new_scores)).sum())
     if bad:
-        raise ValueError(f"reranker ({direction}) returned {bad} non-finite scores of {new_scores.numel()}")
+        raise ValueError(
+            f"reranker ({direction}) returned {bad} non-finite scores of {new_scores.numel()}"
+        )
     final = scores.to(torch.float64)
     floor = final.amax(1, keepdim=True) + 1.0
     lifted = floor + (new_scores - new_scores.amin(1, keepdim=True))

@@ -32,9 +32,13 @@ def as_blocks(ranks: Tensor) -> Tensor:
     if ranks.dim() == 2 and ranks.shape[1] == 3:
         return ranks
     if ranks.dim() != 1:
-        raise ValueError(f"ranks must be plain ranks [Q] or rank blocks [Q, 3], got shape {tuple(ranks.shape)}")
+        raise ValueError(
+            f"ranks must be plain ranks [Q] or rank blocks [Q, 3], got shape {tuple(ranks.shape)}"
+        )
     if ranks.is_floating_point() and not torch.equal(ranks, ranks.floor()):
-        raise ValueError("plain ranks must be whole numbers; pass rank blocks [Q, 3] for tied ranks")
+        raise ValueError(
+            "plain ranks must be whole numbers; pass rank blocks [Q, 3] for tied ranks"
+        )
     ones = torch.ones_like(ranks, dtype=torch.long)
     return rank_blocks(ranks.long(), ones, ones)
 

@@ -37,7 +37,7 @@ def chromium_path() -> str | None:
 requires_chromium = pytest.mark.skipif(
     chromium_path() is None,
     reason="headless Chromium not installed (Debian: apt-get install -y chromium; "
-           "or set CHROMIUM=/path/to/chromium)",
+    "or set CHROMIUM=/path/to/chromium)",
 )
 
 
@@ -103,7 +103,9 @@ def _errors(events: list[dict]) -> list[str]:
     for event in events:
         method, params = event.get("method"), event.get("params", {})
         if method == "Runtime.consoleAPICalled" and params.get("type") in ("error", "assert"):
-            text = " ".join(str(a.get("value", a.get("description", ""))) for a in params.get("args", []))
+            text = " ".join(
+                str(a.get("value", a.get("description", ""))) for a in params.get("args", [])
+            )
             errors.append(f"console.{params['type']}: {text}")
         elif method == "Runtime.exceptionThrown":
             details = params.get("exceptionDetails", {})
@@ -111,7 +113,9 @@ def _errors(events: list[dict]) -> list[str]:
             errors.append(f"uncaught: {description}")
         elif method == "Log.entryAdded" and params.get("entry", {}).get("level") == "error":
             entry = params["entry"]
-            errors.append(f"{entry.get('source')}: {entry.get('text')} {entry.get('url', '')}".strip())
+            errors.append(
+                f"{entry.get('source')}: {entry.get('text')} {entry.get('url', '')}".strip()
+            )
     return errors
 
 
@@ -124,8 +128,14 @@ def _high_pipe() -> tuple[int, int]:
     return high
 
 
-def render(url_or_file: str | Path, screenshot: Path | None = None, *, wait_s: float = 0.5,
-           timeout_s: float = 60.0, width: int = 1280) -> list[str]:
+def render(
+    url_or_file: str | Path,
+    screenshot: Path | None = None,
+    *,
+    wait_s: float = 0.5,
+    timeout_s: float = 60.0,
+    width: int = 1280,
+) -> list[str]:
     """Open a URL (or a local file) in headless Chromium; return its console errors.
 
     Waits for the load event plus ``wait_s`` for late scripts. With ``screenshot``, writes a PNG
@@ -143,12 +153,23 @@ def render(url_or_file: str | Path, screenshot: Path | None = None, *, wait_s: f
     log = open(Path(profile) / "chromium.log", "w+b")  # noqa: SIM115 (closed in finally)
 
     # Chromium reads commands on fd 3 and writes replies on fd 4: bash moves the pipes there.
-    command = [binary, "--headless", "--no-sandbox", "--disable-gpu", "--disable-dev-shm-usage",
-               "--no-first-run", "--remote-debugging-pipe", f"--user-data-dir={profile}",
-               f"--window-size={width},900", "about:blank"]
+    command = [
+        binary,
+        "--headless",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--no-first-run",
+        "--remote-debugging-pipe",
+        f"--user-data-dir={profile}",
+        f"--window-size={width},900",
+        "about:blank",
+    ]
     process = subprocess.Popen(
         ["bash", "-c", f'exec "$@" 3<&{to_browser_r} 4>&{from_browser_w}', "bash", *command],
-        stdout=subprocess.DEVNULL, stderr=log, pass_fds=(to_browser_r, from_browser_w),
+        stdout=subprocess.DEVNULL,
+        stderr=log,
+        pass_fds=(to_browser_r, from_browser_w),
     )
     os.close(to_browser_r)
     os.close(from_browser_w)
@@ -163,15 +184,25 @@ def render(url_or_file: str | Path, screenshot: Path | None = None, *, wait_s: f
         pipe.drain(wait_s)
         if screenshot is not None:
             size = pipe.send("Page.getLayoutMetrics", session)["cssContentSize"]
-            shot = pipe.send("Page.captureScreenshot", session, format="png", captureBeyondViewport=True,
-                             clip={"x": 0, "y": 0, "width": width, "height": size["height"], "scale": 1})
+            shot = pipe.send(
+                "Page.captureScreenshot",
+                session,
+                format="png",
+                captureBeyondViewport=True,
+                clip={"x": 0, "y": 0, "width": width, "height": size["height"], "scale": 1},
+            )
             Path(screenshot).write_bytes(base64.b64decode(shot["data"]))
         return _errors(pipe.events)
     except (RuntimeError, TimeoutError) as err:
         log.seek(0)
-        lines = [line for line in log.read().decode(errors="replace").splitlines()
-                 if line.strip() and "dbus" not in line]
-        raise RuntimeError(f"{err} (chromium's last log line: {lines[-1] if lines else 'none'})") from None
+        lines = [
+            line
+            for line in log.read().decode(errors="replace").splitlines()
+            if line.strip() and "dbus" not in line
+        ]
+        raise RuntimeError(
+            f"{err} (chromium's last log line: {lines[-1] if lines else 'none'})"
+        ) from None
     finally:
         try:
             pipe.send("Browser.close")

@@ -22,8 +22,10 @@ def save_tiny_open_clip(folder: Path, seed: int = 0) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     torch.manual_seed(seed)
     model = open_clip.CLIP(**TINY_OPEN_CLIP)
-    config = {"model_cfg": TINY_OPEN_CLIP,
-              "preprocess_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]}}
+    config = {
+        "model_cfg": TINY_OPEN_CLIP,
+        "preprocess_cfg": {"mean": [0.5, 0.5, 0.5], "std": [0.25, 0.25, 0.25]},
+    }
     (folder / "open_clip_config.json").write_text(json.dumps(config))
     torch.save(model.state_dict(), folder / "open_clip_pytorch_model.bin")
     return folder
@@ -38,26 +40,50 @@ def save_tiny_hf_clip(folder: Path, corpus: list[str], seed: int = 0) -> Path:
 
     folder.mkdir(parents=True, exist_ok=True)
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=1,
-                            special_tokens=["<pad>", "<s>", "</s>"])
-    bpe.post_processor = TemplateProcessing(single="<s> $A </s>",
-                                            special_tokens=[("<s>", 1), ("</s>", 2)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>",
-                                        eos_token="</s>", model_max_length=32)
+    bpe.train_from_iterator(
+        corpus, vocab_size=300, min_frequency=1, special_tokens=["<pad>", "<s>", "</s>"]
+    )
+    bpe.post_processor = TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        model_max_length=32,
+    )
     tokenizer.save_pretrained(folder)
     torch.manual_seed(seed)
     config = CLIPConfig(
-        text_config=dict(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=32,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id),
-        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                           num_attention_heads=2, image_size=32, patch_size=8),
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=32,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        vision_config=dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
         projection_dim=8,
     )
     CLIPModel(config).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
-                       image_mean=[0.5] * 3, image_std=[0.25] * 3).save_pretrained(folder)
+    CLIPImageProcessor(
+        size={"shortest_edge": 32},
+        crop_size={"height": 32, "width": 32},
+        image_mean=[0.5] * 3,
+        image_std=[0.25] * 3,
+    ).save_pretrained(folder)
     return folder
 
 
@@ -68,17 +94,34 @@ def save_tiny_metaclip2(folder: Path, corpus: list[str], seed: int = 0) -> Path:
     tokenizer = _save_tiny_tokenizer(folder, corpus)
     torch.manual_seed(seed)
     config = MetaClip2Config(
-        text_config=dict(vocab_size=len(tokenizer), hidden_size=16, intermediate_size=32,
-                         num_hidden_layers=1, num_attention_heads=2, max_position_embeddings=32,
-                         pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-                         eos_token_id=tokenizer.eos_token_id),
-        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1,
-                           num_attention_heads=2, image_size=32, patch_size=8),
+        text_config=dict(
+            vocab_size=len(tokenizer),
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            max_position_embeddings=32,
+            pad_token_id=tokenizer.pad_token_id,
+            bos_token_id=tokenizer.bos_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+        ),
+        vision_config=dict(
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            image_size=32,
+            patch_size=8,
+        ),
         projection_dim=8,
     )
     MetaClip2Model(config).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
-                       image_mean=[0.5] * 3, image_std=[0.25] * 3).save_pretrained(folder)
+    CLIPImageProcessor(
+        size={"shortest_edge": 32},
+        crop_size={"height": 32, "width": 32},
+        image_mean=[0.5] * 3,
+        image_std=[0.25] * 3,
+    ).save_pretrained(folder)
     return folder
 
 
@@ -89,17 +132,24 @@ def _save_tiny_tokenizer(folder: Path, corpus: list[str]):
 
     folder.mkdir(parents=True, exist_ok=True)
     bpe = ByteLevelBPETokenizer()
-    bpe.train_from_iterator(corpus, vocab_size=300, min_frequency=1,
-                            special_tokens=["<pad>", "<s>", "</s>"])
-    bpe.post_processor = TemplateProcessing(single="<s> $A </s>",
-                                            special_tokens=[("<s>", 1), ("</s>", 2)])
-    tokenizer = PreTrainedTokenizerFast(tokenizer_object=bpe, pad_token="<pad>", bos_token="<s>",
-                                        eos_token="</s>", model_max_length=32)
+    bpe.train_from_iterator(
+        corpus, vocab_size=300, min_frequency=1, special_tokens=["<pad>", "<s>", "</s>"]
+    )
+    bpe.post_processor = TemplateProcessing(
+        single="<s> $A </s>", special_tokens=[("<s>", 1), ("</s>", 2)]
+    )
+    tokenizer = PreTrainedTokenizerFast(
+        tokenizer_object=bpe,
+        pad_token="<pad>",
+        bos_token="<s>",
+        eos_token="</s>",
+        model_max_length=32,
+    )
     tokenizer.save_pretrained(folder)
     return tokenizer
 
 
-REMOTE_CONFIG = '''
+REMOTE_CONFIG = """
 from transformers import PretrainedConfig
 
 
@@ -112,7 +162,7 @@ class TinyDualConfig(PretrainedConfig):
         self.embed_dim, self.max_position_embeddings = embed_dim, max_position_embeddings
         self.batch_centered = batch_centered
         super().__init__(**kwargs)
-'''
+"""
 
 REMOTE_MODEL = '''
 import torch
@@ -154,8 +204,9 @@ class TinyDualModel(PreTrainedModel):
 '''
 
 
-def save_tiny_remote_code(folder: Path, corpus: list[str], seed: int = 0,
-                          batch_centered: bool = False) -> Path:
+def save_tiny_remote_code(
+    folder: Path, corpus: list[str], seed: int = 0, batch_centered: bool = False
+) -> Path:
     """A Hugging Face folder whose modelling code ships with it (``auto_map``), like jina-clip-v2:
     loadable only with ``trust_remote_code``."""
     from transformers import AutoConfig, AutoModel, CLIPImageProcessor
@@ -163,15 +214,28 @@ def save_tiny_remote_code(folder: Path, corpus: list[str], seed: int = 0,
     tokenizer = _save_tiny_tokenizer(folder, corpus)
     (folder / "configuration_tiny_dual.py").write_text(REMOTE_CONFIG)
     (folder / "modeling_tiny_dual.py").write_text(REMOTE_MODEL)
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "ccr_tiny_dual", "vocab_size": len(tokenizer), "batch_centered": batch_centered,
-        "auto_map": {"AutoConfig": "configuration_tiny_dual.TinyDualConfig",
-                     "AutoModel": "modeling_tiny_dual.TinyDualModel"}}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "ccr_tiny_dual",
+                "vocab_size": len(tokenizer),
+                "batch_centered": batch_centered,
+                "auto_map": {
+                    "AutoConfig": "configuration_tiny_dual.TinyDualConfig",
+                    "AutoModel": "modeling_tiny_dual.TinyDualModel",
+                },
+            }
+        )
+    )
     config = AutoConfig.from_pretrained(folder, trust_remote_code=True)
     torch.manual_seed(seed)
     AutoModel.from_config(config, trust_remote_code=True).save_pretrained(folder)
-    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32},
-                       image_mean=[0.5] * 3, image_std=[0.25] * 3).save_pretrained(folder)
+    CLIPImageProcessor(
+        size={"shortest_edge": 32},
+        crop_size={"height": 32, "width": 32},
+        image_mean=[0.5] * 3,
+        image_std=[0.25] * 3,
+    ).save_pretrained(folder)
     return folder
 
 
@@ -183,16 +247,32 @@ def save_tiny_mclip(folder: Path, corpus: list[str], width: int = 16, seed: int 
 
     tokenizer = _save_tiny_tokenizer(folder, corpus)
     base = folder.parent / f"{folder.name}-xlmr-base"
-    config = XLMRobertaConfig(vocab_size=len(tokenizer), hidden_size=24, num_hidden_layers=1,
-                              num_attention_heads=2, intermediate_size=48,
-                              max_position_embeddings=40, pad_token_id=tokenizer.pad_token_id)
+    config = XLMRobertaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=24,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=48,
+        max_position_embeddings=40,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     config.save_pretrained(base)
     torch.manual_seed(seed)
     transformer = XLMRobertaModel(config)
     projection = torch.nn.Linear(24, width)
-    state = {**{f"transformer.{k}": v for k, v in transformer.state_dict().items()},
-             **{f"LinearTransformation.{k}": v for k, v in projection.state_dict().items()}}
+    state = {
+        **{f"transformer.{k}": v for k, v in transformer.state_dict().items()},
+        **{f"LinearTransformation.{k}": v for k, v in projection.state_dict().items()},
+    }
     torch.save(state, folder / "pytorch_model.bin")
-    (folder / "config.json").write_text(json.dumps({
-        "model_type": "M-CLIP", "modelBase": str(base), "transformerDimensions": 24, "numDims": width}))
+    (folder / "config.json").write_text(
+        json.dumps(
+            {
+                "model_type": "M-CLIP",
+                "modelBase": str(base),
+                "transformerDimensions": 24,
+                "numDims": width,
+            }
+        )
+    )
     return folder

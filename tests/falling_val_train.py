@@ -30,10 +30,12 @@ def main() -> None:
     with falling_val_scores():
         if args and args[0] in ("INT", "KILL"):
             import interrupted_train
+
             sys.argv = [sys.argv[0], *args]
             interrupted_train.main()
         else:
             import experiments.train
+
             experiments.train.main(args)
 
 

@@ -25,10 +25,19 @@ class Info:
     num_objects: int = 0
 
 
-TINY = ["method.backbone.pretrained=null", "method.backbone.d_model=32", "method.backbone.heads=2", "method.backbone.ffn_dim=64",
-        "method.backbone.dropout=0.0", "method.first_stage.dim=16", "method.visual.roi_dim=8",
-        "method.visual.strict_input=patch", "method.visual.regions=null",
-        "method.first_stage.image_encoder=null", "method.first_stage.text_encoder=null"]
+TINY = [
+    "method.backbone.pretrained=null",
+    "method.backbone.d_model=32",
+    "method.backbone.heads=2",
+    "method.backbone.ffn_dim=64",
+    "method.backbone.dropout=0.0",
+    "method.first_stage.dim=16",
+    "method.visual.roi_dim=8",
+    "method.visual.strict_input=patch",
+    "method.visual.regions=null",
+    "method.first_stage.image_encoder=null",
+    "method.first_stage.text_encoder=null",
+]
 
 
 def config(*overrides):
@@ -64,10 +73,14 @@ def train_batch(seed=0, weak=None, n=B):
     """A training batch: n instances, K languages each present; ``weak`` a list of bools."""
     gen = torch.Generator().manual_seed(seed)
     ids, masks = zip(*(captions(gen, n) for _ in range(K)), strict=True)
-    batch = {"images": torch.randn(n, 3, IMAGE, IMAGE, generator=gen),
-             "input_ids": torch.stack(ids, 1), "attention_mask": torch.stack(masks, 1),
-             "present": torch.ones(n, K, dtype=torch.bool), "languages": list(LANGUAGES),
-             "ids": [f"r{i}" for i in range(n)]}
+    batch = {
+        "images": torch.randn(n, 3, IMAGE, IMAGE, generator=gen),
+        "input_ids": torch.stack(ids, 1),
+        "attention_mask": torch.stack(masks, 1),
+        "present": torch.ones(n, K, dtype=torch.bool),
+        "languages": list(LANGUAGES),
+        "ids": [f"r{i}" for i in range(n)],
+    }
     if weak is not None:
         batch["alignment_weak"] = torch.tensor(weak, dtype=torch.bool)
     return batch
@@ -77,5 +90,11 @@ def parallel_batch(seed=0, n=B):
     gen = torch.Generator().manual_seed(seed + 100)
     src, src_mask = captions(gen, n)
     tgt, tgt_mask = captions(gen, n)
-    return {"src_input_ids": src, "src_attention_mask": src_mask, "tgt_input_ids": tgt,
-            "tgt_attention_mask": tgt_mask, "src_language": "en", "tgt_language": "de"}
+    return {
+        "src_input_ids": src,
+        "src_attention_mask": src_mask,
+        "tgt_input_ids": tgt,
+        "tgt_attention_mask": tgt_mask,
+        "src_language": "en",
+        "tgt_language": "de",
+    }

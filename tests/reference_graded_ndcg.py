@@ -77,4 +77,3 @@ def graded_ndcg(
             gains[rows, own] = 0.0
         result[start:stop] = graded_ndcg_rows(scores, gains, k)
     return result
-

@@ -30,6 +30,8 @@ def itm_eval(scores_i2t: np.ndarray, scores_t2i: np.ndarray, img2txt: dict, txt2
     for name, ranks in (("txt", tr), ("img", ir)):
         for k in (1, 5, 10):
             result[f"{name}_r{k}"] = 100.0 * np.sum(ranks < k) / len(ranks)
-        result[f"{name}_r_mean"] = (result[f"{name}_r1"] + result[f"{name}_r5"] + result[f"{name}_r10"]) / 3
+        result[f"{name}_r_mean"] = (
+            result[f"{name}_r1"] + result[f"{name}_r5"] + result[f"{name}_r10"]
+        ) / 3
     result["r_mean"] = (result["txt_r_mean"] + result["img_r_mean"]) / 2
     return result

@@ -32,10 +32,25 @@ def tiny_cfg(root: Path, **overrides):
     cfg = OmegaConf.load(CONFIG)
     cfg.root, cfg.languages, cfg.batch_size, cfg.max_length = str(root), LANGUAGES, 8, 32
     cfg.tokenizer.vocab_size = 300
-    cfg.synthetic.update(num_train=24, num_val=80, num_test=8, num_pretrain=400,
-                         num_shapes=4, num_colours=4, max_objects=2)
-    cfg.backbones.text.update(hidden_size=32, layers=1, heads=2, intermediate_size=64,
-                              steps=250, batch_size=32, lr=3e-3, warmup_steps=20)
+    cfg.synthetic.update(
+        num_train=24,
+        num_val=80,
+        num_test=8,
+        num_pretrain=400,
+        num_shapes=4,
+        num_colours=4,
+        max_objects=2,
+    )
+    cfg.backbones.text.update(
+        hidden_size=32,
+        layers=1,
+        heads=2,
+        intermediate_size=64,
+        steps=250,
+        batch_size=32,
+        lr=3e-3,
+        warmup_steps=20,
+    )
     cfg.backbones.image.update(embed_dim=32, depth=1, num_heads=2, steps=30, batch_size=32)
     cfg.merge_with(OmegaConf.from_dotlist([f"{k}={v}" for k, v in overrides.items()]))
     OmegaConf.resolve(cfg)
@@ -126,6 +141,7 @@ def test_cache_hit_skips_the_build_and_a_new_recipe_rebuilds(dm, monkeypatch, tm
 def test_cache_hit_after_the_tokenizer_has_been_used(dm, monkeypatch):
     """Tokenising sets padding and truncation on the tokenizer; the cache key must not see that
     (a run that tokenised captions before resolving ``world`` once rebuilt everything)."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the backbones were rebuilt")
 
@@ -187,9 +203,12 @@ def test_building_the_backbones_leaves_the_global_random_state_alone(dm, tmp_pat
     every later run with the same seed (which hits the cache), and no score would reproduce."""
     import lightning as L
 
-    fresh = CCRDataModule(OmegaConf.merge(dm.cfg, {"root": str(tmp_path),
-                                                   "backbones": {"text": {"steps": 3},
-                                                                 "image": {"steps": 2}}}))
+    fresh = CCRDataModule(
+        OmegaConf.merge(
+            dm.cfg,
+            {"root": str(tmp_path), "backbones": {"text": {"steps": 3}, "image": {"steps": 2}}},
+        )
+    )
     fresh.prepare_data()
     fresh.setup("fit")
     L.seed_everything(7, verbose=False)
@@ -204,6 +223,7 @@ def test_caption_corruptions_leave_the_tokenizer_and_backbones_alone(dm, monkeyp
     """Translation noise and weak alignment are the CL2CM and RC3 experiments' variables: a world
     with them must differ from the clean one in its training captions only, not in a vocabulary
     learnt from the corrupted captions or in backbones pretrained with that vocabulary."""
+
     def refuse(*args, **kwargs):
         raise AssertionError("the backbones were rebuilt")
 
@@ -223,7 +243,10 @@ def test_caption_corruptions_leave_the_tokenizer_and_backbones_alone(dm, monkeyp
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
     text = load_file(folder / backbones.TEXT_DIR / "model.safetensors")
     image = torch.load(folder / backbones.IMAGE_FILE, map_location="cpu", weights_only=True)
-    return {**{f"text.{k}": v for k, v in text.items()}, **{f"image.{k}": v for k, v in image.items()}}
+    return {
+        **{f"text.{k}": v for k, v in text.items()},
+        **{f"image.{k}": v for k, v in image.items()},
+    }
 
 
 @dataclass(frozen=True)
@@ -240,14 +263,25 @@ class TinySeq2Seq(Seq2SeqRecipe):
 def test_make_pretrain_and_a_runs_lazy_build_make_the_same_backbones(tmp_path, monkeypatch):
     """``make pretrain`` runs with torch's default threads (2 on a 2-core machine), a run builds
     lazily after its preset's ``cpu_threads`` (1): both must cache bit-identical weights."""
-    sizes = ["data.languages=[en,de]", "data.tokenizer.vocab_size=300",
-             "data.synthetic.num_train=24", "data.synthetic.num_val=16", "data.synthetic.num_test=8",
-             "data.synthetic.num_pretrain=96", "data.backbones.text.hidden_size=32",
-             "data.backbones.text.layers=1", "data.backbones.text.heads=2",
-             "data.backbones.text.intermediate_size=64", "data.backbones.text.steps=20",
-             "data.backbones.text.batch_size=16", "data.backbones.image.embed_dim=32",
-             "data.backbones.image.depth=1", "data.backbones.image.num_heads=2",
-             "data.backbones.image.steps=10", "data.backbones.image.batch_size=16"]
+    sizes = [
+        "data.languages=[en,de]",
+        "data.tokenizer.vocab_size=300",
+        "data.synthetic.num_train=24",
+        "data.synthetic.num_val=16",
+        "data.synthetic.num_test=8",
+        "data.synthetic.num_pretrain=96",
+        "data.backbones.text.hidden_size=32",
+        "data.backbones.text.layers=1",
+        "data.backbones.text.heads=2",
+        "data.backbones.text.intermediate_size=64",
+        "data.backbones.text.steps=20",
+        "data.backbones.text.batch_size=16",
+        "data.backbones.image.embed_dim=32",
+        "data.backbones.image.depth=1",
+        "data.backbones.image.num_heads=2",
+        "data.backbones.image.steps=10",
+        "data.backbones.image.batch_size=16",
+    ]
     # make pretrain builds the world mBART too, whose recipe the command line cannot shrink
     monkeypatch.setattr(backbones, "Seq2SeqRecipe", TinySeq2Seq)
     before = torch.get_num_threads()
@@ -269,7 +303,9 @@ def test_make_pretrain_and_a_runs_lazy_build_make_the_same_backbones(tmp_path, m
     first, second = _weights(built), _weights(lazy)
     for name, tensors in (("pretrain", first), ("lazy", second)):
         folder = built_seq2seq if name == "pretrain" else lazy_seq2seq
-        tensors.update({f"seq2seq.{k}": v for k, v in load_file(folder / "model.safetensors").items()})
+        tensors.update(
+            {f"seq2seq.{k}": v for k, v in load_file(folder / "model.safetensors").items()}
+        )
     assert first.keys() == second.keys()
     different = [k for k in first if not torch.equal(first[k], second[k])]
     assert not different, f"{len(different)} of {len(first)} tensors differ, e.g. {different[:3]}"

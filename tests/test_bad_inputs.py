@@ -31,17 +31,28 @@ def run_cli(main, args, capsys) -> str:
 def checkpoint_of(method: str, path: Path) -> Path:
     """A weights-only checkpoint as Lightning writes it for a module of ``method``."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    torch.save({"state_dict": {"logit_scale": torch.zeros(())}, "global_step": 3,
-                "hyper_parameters": {"method": {"name": method}}}, path)
+    torch.save(
+        {
+            "state_dict": {"logit_scale": torch.zeros(())},
+            "global_step": 3,
+            "hyper_parameters": {"method": {"name": method}},
+        },
+        path,
+    )
     return path
 
 
 def test_training_from_a_checkpoint_of_another_method_is_refused_before_any_data(tmp_path, capsys):
     ckpt = checkpoint_of("clip", tmp_path / "clip.ckpt")
-    err = run_cli(train_cli.main, ["method=ccrk_paper", f"ckpt_path={ckpt}", *NO_DATA,
-                                   f"run_dir={tmp_path / 'runs'}"], capsys)
-    assert err == (f"error: {ckpt} is a checkpoint of method 'clip', not of this run's method "
-                   "'ccrk' (method.name)")
+    err = run_cli(
+        train_cli.main,
+        ["method=ccrk_paper", f"ckpt_path={ckpt}", *NO_DATA, f"run_dir={tmp_path / 'runs'}"],
+        capsys,
+    )
+    assert err == (
+        f"error: {ckpt} is a checkpoint of method 'clip', not of this run's method "
+        "'ccrk' (method.name)"
+    )
 
 
 def test_evaluating_a_checkpoint_of_another_method_is_refused_before_any_data(tmp_path, capsys):
@@ -50,8 +61,10 @@ def test_evaluating_a_checkpoint_of_another_method_is_refused_before_any_data(tm
     save_config(compose(["method=ccrk_paper", *NO_DATA]), run)
     ckpt = checkpoint_of("clip", run / "checkpoints" / "last.ckpt")
     err = run_cli(evaluate_cli.main, [f"ckpt={ckpt}"], capsys)
-    assert err == (f"error: {ckpt} is a checkpoint of method 'clip', not of this run's method "
-                   "'ccrk' (method.name)")
+    assert err == (
+        f"error: {ckpt} is a checkpoint of method 'clip', not of this run's method "
+        "'ccrk' (method.name)"
+    )
 
 
 def test_the_gpu_preset_without_a_gpu_is_refused_before_any_data(tmp_path, capsys, monkeypatch):
@@ -59,10 +72,15 @@ def test_the_gpu_preset_without_a_gpu_is_refused_before_any_data(tmp_path, capsy
 
     monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: False))
     monkeypatch.setattr(MPSAccelerator, "is_available", staticmethod(lambda: False))
-    err = run_cli(train_cli.main, ["method=ccrk_paper", "trainer=gpu", *NO_DATA,
-                                   f"run_dir={tmp_path / 'runs'}"], capsys)
-    assert err == ("error: trainer.accelerator=gpu (TRAINER=gpu) but this machine has no GPU that "
-                   "torch can use; use TRAINER=cpu (trainer=cpu)")
+    err = run_cli(
+        train_cli.main,
+        ["method=ccrk_paper", "trainer=gpu", *NO_DATA, f"run_dir={tmp_path / 'runs'}"],
+        capsys,
+    )
+    assert err == (
+        "error: trainer.accelerator=gpu (TRAINER=gpu) but this machine has no GPU that "
+        "torch can use; use TRAINER=cpu (trainer=cpu)"
+    )
     assert not (tmp_path / "runs").exists()
 
 
@@ -71,8 +89,17 @@ def test_more_gpus_than_the_machine_has_are_refused_naming_the_key(tmp_path, cap
 
     monkeypatch.setattr(CUDAAccelerator, "is_available", staticmethod(lambda: True))
     monkeypatch.setattr(CUDAAccelerator, "auto_device_count", staticmethod(lambda: 1))
-    err = run_cli(train_cli.main, ["method=ccrk_paper", "trainer=gpu", "trainer.devices=4", *NO_DATA,
-                                   f"run_dir={tmp_path / 'runs'}"], capsys)
+    err = run_cli(
+        train_cli.main,
+        [
+            "method=ccrk_paper",
+            "trainer=gpu",
+            "trainer.devices=4",
+            *NO_DATA,
+            f"run_dir={tmp_path / 'runs'}",
+        ],
+        capsys,
+    )
     assert err == "error: trainer.devices=4 asks for 4 GPUs but this machine has 1"
 
 
@@ -87,8 +114,10 @@ def test_a_full_disk_while_writing_a_result_names_the_file(tmp_path, capsys, mon
     target = tmp_path / "run" / "metrics.json"
     monkeypatch.setattr("experiments.runs.os.fsync", no_space)
     err = run_cli(lambda argv: cli.run(lambda args: write_atomic(target, "{}"), argv), [], capsys)
-    assert err == (f"error: {target}: No space left on device; free space, or write the run "
-                   "elsewhere (run_dir=<folder>)")
+    assert err == (
+        f"error: {target}: No space left on device; free space, or write the run "
+        "elsewhere (run_dir=<folder>)"
+    )
     assert list(target.parent.iterdir()) == []  # no partial file is left behind
 
 
@@ -114,6 +143,10 @@ def test_a_read_only_run_dir_is_a_one_line_error_naming_the_folder(tmp_path, cap
         return real_mkdir(self, *args, **kwargs)
 
     monkeypatch.setattr(Path, "mkdir", read_only)
-    err = run_cli(train_cli.main, ["method=ccrk_paper", *NO_DATA, f"run_dir={tmp_path / 'runs'}"], capsys)
-    assert err == (f"error: {tmp_path / 'runs' / 'multi30k' / 'ccrk_paper'}: Read-only file system; "
-                   "write the run elsewhere (run_dir=<folder>)")
+    err = run_cli(
+        train_cli.main, ["method=ccrk_paper", *NO_DATA, f"run_dir={tmp_path / 'runs'}"], capsys
+    )
+    assert err == (
+        f"error: {tmp_path / 'runs' / 'multi30k' / 'ccrk_paper'}: Read-only file system; "
+        "write the run elsewhere (run_dir=<folder>)"
+    )

@@ -137,8 +137,15 @@ class ToyData(L.LightningDataModule):
 
 def _module(rerank_k=0, cls=None, **evaluation_keys):
     evaluation = OmegaConf.create(
-        {"ks": [1, 5], "ndcg_k": 10, "unimodal_ndcg_ks": [10, 20], "chunk_size": 64, "batch_size": 4,
-         "rerank_k": rerank_k, **evaluation_keys}
+        {
+            "ks": [1, 5],
+            "ndcg_k": 10,
+            "unimodal_ndcg_ks": [10, 20],
+            "chunk_size": 64,
+            "batch_size": 4,
+            "rerank_k": rerank_k,
+            **evaluation_keys,
+        }
     )
     return (cls or ToyMethod)(
         OmegaConf.create({"name": "toy"}), OPTIM, ToyInfo(languages=["en", "de"]), evaluation
@@ -274,22 +281,35 @@ def test_reranking_receives_index_ordered_caches(fake_report):
 
 
 def test_cross_encoder_scorer_hands_the_report_every_pair_scored_by_the_method(fake_report):
-    module, data = _module(cls=ToyCrossEncoder, scorer="cross_encoder", pair_batch_size=5, caption_chunk=3), GradedToyData()
+    module, data = (
+        _module(cls=ToyCrossEncoder, scorer="cross_encoder", pair_batch_size=5, caption_chunk=3),
+        GradedToyData(),
+    )
     _trainer().validate(module, datamodule=data, verbose=False)
-    module.eval_cfg.scorer = "embeddings"  # the same method ranking by its embeddings reports i2i/t2t
+    module.eval_cfg.scorer = (
+        "embeddings"  # the same method ranking by its embeddings reports i2i/t2t
+    )
     _trainer().validate(module, datamodule=data, verbose=False)
     call, by_embeddings = fake_report
-    expected = data.images.flatten(1)[:, :1] * data.ids[:, 0].float()[None, :]  # [6 images, 12 captions]
+    expected = (
+        data.images.flatten(1)[:, :1] * data.ids[:, 0].float()[None, :]
+    )  # [6 images, 12 captions]
     assert torch.equal(call["pair_scores"], expected)
     assert call["reranker"] is None and call["rerank_k"] == 0
-    assert call["image_relevance"] is None  # the embeddings are not the method's own: no uni-modal NDCG
+    assert (
+        call["image_relevance"] is None
+    )  # the embeddings are not the method's own: no uni-modal NDCG
     assert by_embeddings["pair_scores"] is None and by_embeddings["image_relevance"] is not None
 
 
 def test_cross_encoder_scorer_needs_a_method_with_one_and_no_rerank_k():
-    with pytest.raises(ValueError, match="evaluation.scorer=cross_encoder: ToyMethod has no cross-encoder"):
+    with pytest.raises(
+        ValueError, match="evaluation.scorer=cross_encoder: ToyMethod has no cross-encoder"
+    ):
         _module(scorer="cross_encoder")
-    with pytest.raises(ValueError, match="scores every pair, leaving nothing to re-rank: set evaluation.rerank_k=0"):
+    with pytest.raises(
+        ValueError, match="scores every pair, leaving nothing to re-rank: set evaluation.rerank_k=0"
+    ):
         _module(rerank_k=3, cls=ToyCrossEncoder, scorer="cross_encoder")
 
 
@@ -337,6 +357,7 @@ def test_every_evaluation_encoder_call_has_its_loaders_batch_shape(fake_report):
     DDP run's shards end in other short batches than one process's loader does; near-tied t2t
     scores then reordered, so a DDP run's scores differed from re-scoring its checkpoint. A short
     batch is filled up to its loader's batch size, and only its own rows are kept."""
+
     class ShapeSensitive(ToyMethod):
         def encode_images(self, images):
             self.calls.append(("images", len(images)))
@@ -352,14 +373,21 @@ def test_every_evaluation_encoder_call_has_its_loaders_batch_shape(fake_report):
     assert set(module.calls) == {("images", 4), ("captions", 5)}
     (call,) = fake_report
     with torch.no_grad():
-        torch.testing.assert_close(call["image_emb"], ToyMethod.encode_images(module, data.images) + 4)
-        torch.testing.assert_close(call["text_emb"],
-                                   ToyMethod.encode_texts(module, data.ids, (data.ids != 0).long()) + 5)
+        torch.testing.assert_close(
+            call["image_emb"], ToyMethod.encode_images(module, data.images) + 4
+        )
+        torch.testing.assert_close(
+            call["text_emb"], ToyMethod.encode_texts(module, data.ids, (data.ids != 0).long()) + 5
+        )
 
 
 def test_a_last_stage_that_builds_no_retrieval_module_is_an_error_naming_it():
     from experiments.train import last_report
 
-    stage = Stage("translate", build=lambda previous: L.LightningModule(), dataloader=lambda dm: None)
-    with pytest.raises(TypeError, match="stage 'translate' built a LightningModule; the last stage must"):
+    stage = Stage(
+        "translate", build=lambda previous: L.LightningModule(), dataloader=lambda dm: None
+    )
+    with pytest.raises(
+        TypeError, match="stage 'translate' built a LightningModule; the last stage must"
+    ):
         last_report(stage.build(None), stage)

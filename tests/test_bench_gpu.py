@@ -20,7 +20,9 @@ def test_counted_flops_of_a_training_step_add_the_weight_gradient_of_the_backwar
 
 
 def test_mfu_is_achieved_flops_per_second_over_the_peak():
-    assert bench_gpu.mfu(flops_per_step=3e12, seconds_per_step=0.5, peak=100.0) == pytest.approx(0.06)
+    assert bench_gpu.mfu(flops_per_step=3e12, seconds_per_step=0.5, peak=100.0) == pytest.approx(
+        0.06
+    )
 
 
 def test_device_peak_is_looked_up_by_name_most_specific_first_and_can_be_overridden():
@@ -38,20 +40,40 @@ def test_paper_model_refuses_a_method_it_has_no_paper_size_for():
         paper_method("mclip", None, None)
 
 
-def test_tiny_cpu_run_reports_three_loops_whose_mfu_and_ratios_follow_from_its_own_numbers(tmp_path):
-    rows = bench_gpu.main(["--tiny", "--methods", "clip", "--peak-tflops", "0.5", "--work", str(tmp_path),
-                           "--json", str(tmp_path / "bench.json"), "--jpeg", "40x30",
-                           "trainer.progress_refresh_rate=0"])
+def test_tiny_cpu_run_reports_three_loops_whose_mfu_and_ratios_follow_from_its_own_numbers(
+    tmp_path,
+):
+    rows = bench_gpu.main(
+        [
+            "--tiny",
+            "--methods",
+            "clip",
+            "--peak-tflops",
+            "0.5",
+            "--work",
+            str(tmp_path),
+            "--json",
+            str(tmp_path / "bench.json"),
+            "--jpeg",
+            "40x30",
+            "trainer.progress_refresh_rate=0",
+        ]
+    )
     (row,) = rows
     assert row["method"] == "clip" and row["batch"] == 4
     flops_per_step = row["gflops_per_sample"] * 1e9 * row["batch"]
     for loop in bench_gpu.LOOPS:
         t = row[loop]
         assert t["samples_per_s"] == pytest.approx(row["batch"] / t["s_per_step"])
-        assert t["mfu"] == pytest.approx(flops_per_step * t["samples_per_s"] / row["batch"] / 0.5e12)
-    assert row["loader/bare"] == pytest.approx(row["loader"]["samples_per_s"] / row["bare"]["samples_per_s"])
+        assert t["mfu"] == pytest.approx(
+            flops_per_step * t["samples_per_s"] / row["batch"] / 0.5e12
+        )
+    assert row["loader/bare"] == pytest.approx(
+        row["loader"]["samples_per_s"] / row["bare"]["samples_per_s"]
+    )
     assert row["lightning/bare"] == pytest.approx(
-        row["lightning"]["samples_per_s"] / row["bare"]["samples_per_s"])
+        row["lightning"]["samples_per_s"] / row["bare"]["samples_per_s"]
+    )
     assert (tmp_path / "bench.json").exists()
 
 

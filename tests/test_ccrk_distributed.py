@@ -36,8 +36,8 @@ def worker(rank, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         image_inputs, text_inputs, model = make_problem()
-        images = image_inputs[rank * LOCAL_B:(rank + 1) * LOCAL_B]
-        texts = text_inputs[rank * LOCAL_B * K:(rank + 1) * LOCAL_B * K]
+        images = image_inputs[rank * LOCAL_B : (rank + 1) * LOCAL_B]
+        texts = text_inputs[rank * LOCAL_B * K : (rank + 1) * LOCAL_B * K]
         results = {}
         for weighting in ("paper", "reference"):
             loss, grads = loss_and_grads(model, images, texts, weighting)

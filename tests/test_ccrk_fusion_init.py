@@ -14,10 +14,18 @@ from worlds import random_backbones
 from methods.ccrk import CCRk, seed_layer_indices
 from methods.layers.optim import param_groups
 
-WORLD_TEXT = {"model_type": "xlm-roberta", "vocab_size": Info.vocab_size, "hidden_size": 32,
-              "num_hidden_layers": 2, "num_attention_heads": 2, "intermediate_size": 96,
-              "max_position_embeddings": Info.max_length + Info.pad_token_id + 1, "pad_token_id": 1,
-              "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+WORLD_TEXT = {
+    "model_type": "xlm-roberta",
+    "vocab_size": Info.vocab_size,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 96,
+    "max_position_embeddings": Info.max_length + Info.pad_token_id + 1,
+    "pad_token_id": 1,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
 
 
 @pytest.fixture
@@ -51,22 +59,32 @@ def test_fusion_self_attention_and_ffn_are_the_world_text_layers_at_init(world_t
     source, _ = world_text
     module = build(world_text)
     assert len(module.fusion.layers) == 2
-    for fusion, text in zip(module.fusion.layers, source.encoder.layer):  # layers 0 and 1, in order
+    for fusion, text in zip(
+        module.fusion.layers, source.encoder.layer, strict=True
+    ):  # layers 0 and 1, in order
         attention = text.attention.self
-        assert torch.equal(fusion.self_attn.in_proj_weight, torch.cat(
-            [attention.query.weight, attention.key.weight, attention.value.weight]))
+        assert torch.equal(
+            fusion.self_attn.in_proj_weight,
+            torch.cat([attention.query.weight, attention.key.weight, attention.value.weight]),
+        )
         assert torch.equal(fusion.self_attn.out_proj.weight, text.attention.output.dense.weight)
         assert torch.equal(fusion.norm_self.weight, text.attention.output.LayerNorm.weight)
         assert torch.equal(fusion.ffn[0].weight, text.intermediate.dense.weight)
         assert torch.equal(fusion.ffn[2].weight, text.output.dense.weight)
         assert torch.equal(fusion.norm_ffn.bias, text.output.LayerNorm.bias)
         assert fusion.self_attn.num_heads == 2  # the text model's heads (fusion.heads: null)
-        text_weights = [p for p in text.parameters() if p.shape == fusion.cross_attn.in_proj_weight.shape]
+        text_weights = [
+            p for p in text.parameters() if p.shape == fusion.cross_attn.in_proj_weight.shape
+        ]
         assert not any(torch.equal(fusion.cross_attn.in_proj_weight, w) for w in text_weights)
     # the text encoder keeps both layers (the dual encoder is clip's size), as separate weights
     kept = module.text_encoder.backbone.model.encoder.layer
-    assert len(kept) == 2 and torch.equal(kept[1].output.dense.weight, source.encoder.layer[1].output.dense.weight)
-    assert kept[1].output.dense.weight.data_ptr() != module.fusion.layers[1].ffn[2].weight.data_ptr()
+    assert len(kept) == 2 and torch.equal(
+        kept[1].output.dense.weight, source.encoder.layer[1].output.dense.weight
+    )
+    assert (
+        kept[1].output.dense.weight.data_ptr() != module.fusion.layers[1].ffn[2].weight.data_ptr()
+    )
 
 
 def test_new_parameters_train_at_twice_the_lr_and_pretrained_ones_at_the_lr(world_text):
@@ -77,11 +95,23 @@ def test_new_parameters_train_at_twice_the_lr_and_pretrained_ones_at_the_lr(worl
     params = dict(module.named_parameters())
     doubled = [n for n in params if lr_of[id(params[n])] == pytest.approx(2e-3)]
     assert all(lr_of[id(p)] in (pytest.approx(1e-3), pytest.approx(2e-3)) for p in params.values())
-    assert {n.split(".")[0] for n in doubled} == {"fusion", "vision_proj", "text_proj", "itm_head", "temperature"}
-    assert {n.split(".")[3] for n in doubled if n.startswith("fusion.")} == {"cross_attn", "norm_cross"}
-    for name in ("fusion.layers.0.self_attn.in_proj_weight", "fusion.layers.1.ffn.0.weight",
-                 "text_encoder.backbone.model.encoder.layer.0.attention.self.query.weight",
-                 "image_encoder.backbone.patch_embed.weight"):
+    assert {n.split(".")[0] for n in doubled} == {
+        "fusion",
+        "vision_proj",
+        "text_proj",
+        "itm_head",
+        "temperature",
+    }
+    assert {n.split(".")[3] for n in doubled if n.startswith("fusion.")} == {
+        "cross_attn",
+        "norm_cross",
+    }
+    for name in (
+        "fusion.layers.0.self_attn.in_proj_weight",
+        "fusion.layers.1.ffn.0.weight",
+        "text_encoder.backbone.model.encoder.layer.0.attention.self.query.weight",
+        "image_encoder.backbone.patch_embed.weight",
+    ):
         assert lr_of[id(params[name])] == pytest.approx(1e-3), name
 
 
@@ -89,8 +119,10 @@ def test_a_random_fusion_encoder_is_new_as_a_whole(world_text):
     module = build(world_text, fusion={"init_from_text_layers": None})
     scales = module.lr_scales()
     assert scales["fusion"] == 2.0
-    assert not torch.equal(module.fusion.layers[0].ffn[0].weight,
-                           world_text[0].encoder.layer[0].intermediate.dense.weight)
+    assert not torch.equal(
+        module.fusion.layers[0].ffn[0].weight,
+        world_text[0].encoder.layer[0].intermediate.dense.weight,
+    )
 
 
 def test_the_seeded_preset_trains_a_step(world_text):
@@ -107,12 +139,16 @@ def test_upper_takes_the_top_layers_and_repeats_the_lowest_when_the_text_model_i
     assert seed_layer_indices("upper", 6, 24) == [18, 19, 20, 21, 22, 23]
     assert seed_layer_indices("upper", 2, 1) == [0, 0]
     assert seed_layer_indices([13, 15], 2, 24) == [13, 15]
-    with pytest.raises(ValueError, match="init_from_text_layers has 1 layers but fusion.layers is 2"):
+    with pytest.raises(
+        ValueError, match="init_from_text_layers has 1 layers but fusion.layers is 2"
+    ):
         seed_layer_indices([3], 2, 24)
 
 
 def test_seeding_with_other_heads_or_from_a_tiny_text_encoder_is_a_clear_error(world_text):
-    with pytest.raises(ValueError, match=r"fusion.heads=4, but the text layers that seed the fusion have 2"):
+    with pytest.raises(
+        ValueError, match=r"fusion.heads=4, but the text layers that seed the fusion have 2"
+    ):
         build(world_text, fusion={"heads": 4})
     with pytest.raises(ValueError, match="init_from_text_layers needs an 'hf:' text encoder"):
         CCRk(preset(fusion={"heads": 4}), OPTIM, Info(), EVALUATION)

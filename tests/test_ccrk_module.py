@@ -7,18 +7,35 @@ from pathlib import Path
 import pytest
 import torch
 from omegaconf import OmegaConf
+from worlds import RANDOM_BACKBONES
 
 import methods
 import methods.ccrk as ccrk_module
 from methods.ccrk import CCRk
-from worlds import RANDOM_BACKBONES
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "ccrk.yaml"
 B, K, L, VOCAB, IMAGE = 8, 3, 16, 120, 32
-OPTIM = OmegaConf.create({"lr": 1e-3, "weight_decay": 0.01, "betas": [0.9, 0.98], "eps": 1e-8,
-                          "warmup_steps": 2, "min_lr_ratio": 0.0, "schedule": "linear"})
-EVALUATION = OmegaConf.create({"ks": [1, 5, 10], "ndcg_k": 10, "unimodal_ndcg_ks": [10, 20, 50], "chunk_size": 1024, "batch_size": 8,
-                               "rerank_k": 0})
+OPTIM = OmegaConf.create(
+    {
+        "lr": 1e-3,
+        "weight_decay": 0.01,
+        "betas": [0.9, 0.98],
+        "eps": 1e-8,
+        "warmup_steps": 2,
+        "min_lr_ratio": 0.0,
+        "schedule": "linear",
+    }
+)
+EVALUATION = OmegaConf.create(
+    {
+        "ks": [1, 5, 10],
+        "ndcg_k": 10,
+        "unimodal_ndcg_ks": [10, 20, 50],
+        "chunk_size": 1024,
+        "batch_size": 8,
+        "rerank_k": 0,
+    }
+)
 
 
 @dataclass
@@ -67,9 +84,14 @@ def training_batch(seed=0, absent=()):
         present[instance, language] = False
         ids[instance, language] = Info.pad_token_id
         mask[instance, language] = 0
-    return {"images": torch.randn(B, 3, IMAGE, IMAGE, generator=gen), "input_ids": ids,
-            "attention_mask": mask, "present": present, "languages": list(Info.languages),
-            "ids": [str(i) for i in range(B)]}
+    return {
+        "images": torch.randn(B, 3, IMAGE, IMAGE, generator=gen),
+        "input_ids": ids,
+        "attention_mask": mask,
+        "present": present,
+        "languages": list(Info.languages),
+        "ids": [str(i) for i in range(B)],
+    }
 
 
 def test_registered_under_ccrk():
@@ -81,12 +103,23 @@ def test_training_step_reaches_every_trainable_parameter():
     loss = module.training_step(training_batch(), 0)
     assert loss.ndim == 0 and torch.isfinite(loss)
     loss.backward()
-    no_grad = [name for name, p in module.named_parameters()
-               if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)]
+    no_grad = [
+        name
+        for name, p in module.named_parameters()
+        if p.requires_grad and (p.grad is None or p.grad.abs().sum() == 0)
+    ]
     assert no_grad == []
     parts = {name.split(".")[0] for name, _ in module.named_parameters()}
-    assert parts == {"image_encoder", "text_encoder", "fusion", "vision_proj", "text_proj", "itm_head",
-                     "mlm_head", "temperature"}
+    assert parts == {
+        "image_encoder",
+        "text_encoder",
+        "fusion",
+        "vision_proj",
+        "text_proj",
+        "itm_head",
+        "mlm_head",
+        "temperature",
+    }
 
 
 def test_total_is_the_plain_sum_of_the_terms(monkeypatch):
@@ -114,7 +147,9 @@ def test_cmlm_masks_the_hard_positive_used_by_mitm(monkeypatch):
     batch = training_batch()
     build().training_step(batch, 0)
     assert len(samples) == 1 and len(masked_ids) == 1
-    assert torch.equal(masked_ids[0], batch["input_ids"].reshape(B * K, L)[samples[0].positive_text])
+    assert torch.equal(
+        masked_ids[0], batch["input_ids"].reshape(B * K, L)[samples[0].positive_text]
+    )
 
 
 def test_ablation_switches_change_what_the_losses_see(monkeypatch):
@@ -131,8 +166,13 @@ def test_ablation_switches_change_what_the_losses_see(monkeypatch):
 
     monkeypatch.setattr(ccrk_module, "sample_hard_examples", record_sampler)
     monkeypatch.setattr(ccrk_module, "one_to_k_loss", record_kcl)
-    for overrides in ({}, {"contrastive": "one_to_one"}, {"hard_mitm": False}, {"hard_cmlm": False},
-                      {"hard_mining": "paper", "kcl_weighting": "reference"}):
+    for overrides in (
+        {},
+        {"contrastive": "one_to_one"},
+        {"hard_mitm": False},
+        {"hard_cmlm": False},
+        {"hard_mining": "paper", "kcl_weighting": "reference"},
+    ):
         seen["modes"].clear()
         seen["text_rows"].clear()
         loss = build(**overrides).training_step(training_batch(), 0)
@@ -169,9 +209,18 @@ def test_training_clamps_a_temperature_pushed_past_its_bound():
     module.optim_cfg.lr = 0.0
     with torch.no_grad():
         module.temperature.log_tau.fill_(math.log(1e-5))
-    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
-    trainer.fit(module, train_dataloaders=torch.utils.data.DataLoader([training_batch()], batch_size=None))
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
+    trainer.fit(
+        module, train_dataloaders=torch.utils.data.DataLoader([training_batch()], batch_size=None)
+    )
     assert module.temperature.log_tau.item() == pytest.approx(math.log(0.001))
 
 
@@ -191,10 +240,20 @@ def test_reranker_scores_the_requested_pairs_in_both_directions(score):
     queries, candidates = torch.tensor([2, 0]), torch.tensor([[5, 0, 3], [1, 1, 4]])
     i2t = reranker("i2t", queries, candidates)
     with torch.no_grad():
-        logits = torch.stack([itm_logits(module, module.image_encoder(images[[q]]).expand(3, -1, -1),
-                                         ids[candidates[row]], mask[candidates[row]])
-                              for row, q in enumerate(queries.tolist())])
-    expected = logits[..., 1] - logits[..., 0] if score == "prob" else logits[..., 1]  # prob: as log-odds
+        logits = torch.stack(
+            [
+                itm_logits(
+                    module,
+                    module.image_encoder(images[[q]]).expand(3, -1, -1),
+                    ids[candidates[row]],
+                    mask[candidates[row]],
+                )
+                for row, q in enumerate(queries.tolist())
+            ]
+        )
+    expected = (
+        logits[..., 1] - logits[..., 0] if score == "prob" else logits[..., 1]
+    )  # prob: as log-odds
     assert torch.allclose(i2t, expected, atol=1e-5)
     t2i = reranker("t2i", torch.tensor([5, 4]), torch.tensor([[2, 1], [0, 3]]))
     assert torch.allclose(t2i[0, 0], i2t[0, 0], atol=1e-6)  # image 2 with caption 5, either way
@@ -224,36 +283,65 @@ def test_itm_reranking_through_the_metrics_hook_orders_by_itm_when_k_covers_ever
     module = build().eval()
     batch = training_batch(seed=4)
     images = batch["images"][:5]
-    ids = batch["input_ids"][:5, :2].transpose(0, 1).reshape(10, L)  # language-major: de 0..4, en 0..4
+    ids = (
+        batch["input_ids"][:5, :2].transpose(0, 1).reshape(10, L)
+    )  # language-major: de 0..4, en 0..4
     mask = batch["attention_mask"][:5, :2].transpose(0, 1).reshape(10, L)
     caption_image = torch.arange(5).repeat(2)
     languages = ["de"] * 5 + ["en"] * 5
     with torch.no_grad():
         image_emb, text_emb = module.encode_images(images), module.encode_texts(ids, mask)
         reranker = module.reranker(module.image_cache(images), module.text_cache(ids, mask))
-        report = metrics.retrieval_report(image_emb, text_emb, caption_image, languages,
-                                          [str(i) for i in range(5)], ks=(1,), reranker=reranker, rerank_k=50)
+        report = metrics.retrieval_report(
+            image_emb,
+            text_emb,
+            caption_image,
+            languages,
+            [str(i) for i in range(5)],
+            ks=(1,),
+            reranker=reranker,
+            rerank_k=50,
+        )
         image_states = module.image_cache(images)
-        itm = torch.stack([module.match_scores(image_states, ids[[t] * 5], mask[[t] * 5]) for t in range(10)], 1)
+        itm = torch.stack(
+            [module.match_scores(image_states, ids[[t] * 5], mask[[t] * 5]) for t in range(10)], 1
+        )
     for slot, lang in enumerate(("de", "en")):
-        scores = itm[:, slot * 5:(slot + 1) * 5]  # [image, caption of this language]
+        scores = itm[:, slot * 5 : (slot + 1) * 5]  # [image, caption of this language]
         gold_scores = scores.diagonal()
-        i2t_ranks = (scores > gold_scores[:, None]).sum(1)  # 0-based rank of the gold caption per image
+        i2t_ranks = (scores > gold_scores[:, None]).sum(
+            1
+        )  # 0-based rank of the gold caption per image
         t2i_ranks = (scores > gold_scores[None, :]).sum(0)
         assert report[f"{lang}/i2t/MeanR"] == pytest.approx(i2t_ranks.double().mean().item() + 1)
         assert report[f"{lang}/t2i/MeanR"] == pytest.approx(t2i_ranks.double().mean().item() + 1)
-        assert report[f"{lang}/i2t/R@1"] == pytest.approx(100 * (i2t_ranks == 0).double().mean().item())
+        assert report[f"{lang}/i2t/R@1"] == pytest.approx(
+            100 * (i2t_ranks == 0).double().mean().item()
+        )
 
 
 def test_smoke_training_lowers_the_loss_and_aligns_the_batch():
     """§10.15 in small: languages are fixed token remappings of one base caption per instance."""
     gen = torch.Generator().manual_seed(0)
     base = torch.randint(5, VOCAB, (B, L - 2), generator=gen)
-    remap = [torch.cat([torch.arange(5), 5 + torch.randperm(VOCAB - 5, generator=gen)]) for _ in range(K)]
-    ids = torch.stack([torch.cat([torch.zeros(B, 1, dtype=torch.long), remap[k][base],
-                                  torch.full((B, 1), 2)], 1) for k in range(K)], 1)
-    batch = {"images": torch.randn(B, 3, IMAGE, IMAGE, generator=gen), "input_ids": ids,
-             "attention_mask": torch.ones_like(ids), "present": torch.ones(B, K, dtype=torch.bool)}
+    remap = [
+        torch.cat([torch.arange(5), 5 + torch.randperm(VOCAB - 5, generator=gen)]) for _ in range(K)
+    ]
+    ids = torch.stack(
+        [
+            torch.cat(
+                [torch.zeros(B, 1, dtype=torch.long), remap[k][base], torch.full((B, 1), 2)], 1
+            )
+            for k in range(K)
+        ],
+        1,
+    )
+    batch = {
+        "images": torch.randn(B, 3, IMAGE, IMAGE, generator=gen),
+        "input_ids": ids,
+        "attention_mask": torch.ones_like(ids),
+        "present": torch.ones(B, K, dtype=torch.bool),
+    }
     module = build()
     optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
     losses = []
@@ -266,7 +354,9 @@ def test_smoke_training_lowers_the_loss_and_aligns_the_batch():
     assert sum(losses[-5:]) < sum(losses[:5])
     with torch.no_grad():
         image_emb = module.encode_images(batch["images"])
-        text_emb = module.encode_texts(ids.reshape(B * K, L), batch["attention_mask"].reshape(B * K, L))
+        text_emb = module.encode_texts(
+            ids.reshape(B * K, L), batch["attention_mask"].reshape(B * K, L)
+        )
     owner = torch.arange(B).repeat_interleave(K)
     t2i_r1 = ((text_emb @ image_emb.t()).argmax(1) == owner).float().mean().item()
     i2t_r1 = (owner[(image_emb @ text_emb.t()).argmax(1)] == torch.arange(B)).float().mean().item()
@@ -287,9 +377,16 @@ def test_the_matching_head_learns_a_batch_whose_images_it_can_tell_apart():
     for _ in range(80):
         images = module.image_encoder(batch["images"])
         text = module.encode_captions(ids, mask)
-        samples = sample_hard_examples(module.vision_proj(images[:, 0]), module.text_proj(text.pooled),
-                                       module.temperature(), "uniform", generator=generator)
-        loss = matching_loss(module.fuse, module.itm_head, text.states, text.mask, images, samples).loss
+        samples = sample_hard_examples(
+            module.vision_proj(images[:, 0]),
+            module.text_proj(text.pooled),
+            module.temperature(),
+            "uniform",
+            generator=generator,
+        )
+        loss = matching_loss(
+            module.fuse, module.itm_head, text.states, text.mask, images, samples
+        ).loss
         optimizer.zero_grad()
         loss.backward()
         optimizer.step()
@@ -305,7 +402,9 @@ def test_evaluation_encodes_every_caption_in_one_padded_call():
     batch = training_batch()
     ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
     shapes = []
-    module.text_encoder.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    module.text_encoder.register_forward_hook(
+        lambda m, args, out: shapes.append(tuple(args[0].shape))
+    )
     with torch.no_grad():
         module.encode_texts(ids, mask)
     assert shapes == [tuple(ids.shape)]

@@ -46,7 +46,9 @@ def test_hand_computed_values():
     assert terms.i2t.item() == pytest.approx(1.249748, abs=1e-6)
     assert terms.t2i.item() == pytest.approx(0.555700, abs=1e-6)
     assert terms.total.item() == pytest.approx(1.805448, abs=1e-6)
-    assert kcl(image, text, 1.0, weighting="reference").total.item() == pytest.approx(0.763799, abs=1e-6)
+    assert kcl(image, text, 1.0, weighting="reference").total.item() == pytest.approx(
+        0.763799, abs=1e-6
+    )
     at_007 = kcl(image, text, 0.07)
     assert at_007.i2t.item() == pytest.approx(2.916102, abs=1e-5)
     assert at_007.t2i.item() == pytest.approx(1.456494, abs=1e-5)
@@ -74,7 +76,9 @@ def test_perfect_alignment_attains_bound(languages, expected):
     closed_form = math.log(languages) + math.log(1 + (batch - 1) * math.exp(-1 / tau))
     assert terms.i2t.item() == pytest.approx(closed_form, abs=1e-6)
     assert terms.i2t.item() == pytest.approx(expected, abs=1e-6)
-    assert terms.t2i.item() == pytest.approx(math.log(1 + (batch - 1) * math.exp(-1 / tau)), rel=1e-6)
+    assert terms.t2i.item() == pytest.approx(
+        math.log(1 + (batch - 1) * math.exp(-1 / tau)), rel=1e-6
+    )
     assert terms.t2i.item() == pytest.approx(1.2497e-6, rel=1e-4)
 
 
@@ -118,7 +122,9 @@ def test_optimum_gives_each_positive_probability_one_over_k():
         one_to_k_i2t(logits, positives).mean().backward()
         optimizer.step()
     probabilities = logits.detach().softmax(1)[0]
-    assert torch.allclose(probabilities[:languages], torch.full((languages,), 1 / languages), atol=1e-3)
+    assert torch.allclose(
+        probabilities[:languages], torch.full((languages,), 1 / languages), atol=1e-3
+    )
 
 
 def test_language_and_instance_permutations_leave_loss_unchanged():
@@ -126,7 +132,9 @@ def test_language_and_instance_permutations_leave_loss_unchanged():
     image, text = random_features(batch, languages, seed=7)
     base = kcl(image, text, 0.1)
     gen = torch.Generator().manual_seed(0)
-    within = torch.cat([j * languages + torch.randperm(languages, generator=gen) for j in range(batch)])
+    within = torch.cat(
+        [j * languages + torch.randperm(languages, generator=gen) for j in range(batch)]
+    )
     shuffled_languages = kcl(image, text[within], 0.1)
     order = torch.randperm(batch, generator=gen)
     rows = (order[:, None] * languages + torch.arange(languages)).flatten()
@@ -141,8 +149,14 @@ def test_local_queries_against_global_candidates_split_the_global_mean():
     image, text = random_features(batch, languages, seed=11)
     full = kcl(image, text, 0.1)
     parts = [
-        one_to_k_terms(image[s : s + half], text[s * languages : (s + half) * languages], image, text,
-                       0.1, layout=RowLayout(counts=(half, batch - half), rank=r))
+        one_to_k_terms(
+            image[s : s + half],
+            text[s * languages : (s + half) * languages],
+            image,
+            text,
+            0.1,
+            layout=RowLayout(counts=(half, batch - half), rank=r),
+        )
         for r, s in enumerate((0, half))
     ]
     assert torch.allclose((parts[0].i2t + parts[1].i2t) / 2, full.i2t, atol=1e-6)

@@ -19,8 +19,12 @@ def optimiser_of(preset: str):
     """The optimiser and scheduler a CCRk module builds under ``preset``'s optim section (the tiny
     encoders stand in for the paper's, which would need downloads)."""
     optim = compose([f"method={preset}"]).optim
-    module = CCRk(method_config(new_param_lr_scale=compose([f"method={preset}"]).method.new_param_lr_scale),
-                  OmegaConf.to_container(optim), Info(), EVALUATION)
+    module = CCRk(
+        method_config(new_param_lr_scale=compose([f"method={preset}"]).method.new_param_lr_scale),
+        OmegaConf.to_container(optim),
+        Info(),
+        EVALUATION,
+    )
     module._trainer = SimpleNamespace(estimated_stepping_batches=TOTAL_STEPS)
     configured = module.configure_optimizers()
     return module, configured["optimizer"], configured["lr_scheduler"]["scheduler"]
@@ -38,10 +42,15 @@ def lr_at(optimizer, scheduler, steps):
 
 
 @pytest.mark.parametrize("preset, lr, new_scale", [("ccrk", 1e-3, 2.0), ("ccrk_paper", 1e-4, 2.0)])
-def test_learning_rate_warms_up_linearly_over_3_percent_then_decays_linearly_to_zero(preset, lr, new_scale):
+def test_learning_rate_warms_up_linearly_over_3_percent_then_decays_linearly_to_zero(
+    preset, lr, new_scale
+):
     module, optimizer, scheduler = optimiser_of(preset)
     new_params = {id(p) for name, p in module.named_parameters() if name.startswith("itm_head")}
-    scale = [new_scale if any(id(p) in new_params for p in g["params"]) else 1.0 for g in optimizer.param_groups]
+    scale = [
+        new_scale if any(id(p) in new_params for p in g["params"]) else 1.0
+        for g in optimizer.param_groups
+    ]
     expected = {0: 1 / 6, 2: 3 / 6, 5: 1.0, 6: 1.0, 103: 0.5, 150: 50 / 194, 199: 1 / 194, 200: 0.0}
     for step, lrs in lr_at(optimizer, scheduler, list(expected)).items():
         assert lrs == pytest.approx([lr * s * expected[step] for s in scale], abs=1e-12), step
@@ -54,7 +63,9 @@ def test_adamw_settings_are_the_specs(preset):
     for group in optimizer.param_groups:
         assert group["eps"] == 1e-8 and group["betas"] == (0.9, 0.98)
         assert group["weight_decay"] in (0.0, 0.01)
-    decayed = {id(p) for g in optimizer.param_groups if g["weight_decay"] == 0.01 for p in g["params"]}
+    decayed = {
+        id(p) for g in optimizer.param_groups if g["weight_decay"] == 0.01 for p in g["params"]
+    }
     for name, part in module.named_modules():
         if isinstance(part, torch.nn.Linear):
             assert id(part.weight) in decayed, name

@@ -12,7 +12,11 @@ from methods.layers.encoders import TextOutput
 from tests.test_ccrk_module import build
 
 N, LANGUAGES, FIRST_TOKEN = 8, ("en", "de"), 10
-GOLD, NEAR_MISS, OTHER = 40.0, 30.0, -10.0  # match logits; both 40 and 30 give probability 1.0 in float32
+GOLD, NEAR_MISS, OTHER = (
+    40.0,
+    30.0,
+    -10.0,
+)  # match logits; both 40 and 30 give probability 1.0 in float32
 
 
 class KnowingHead(nn.Module):
@@ -32,10 +36,21 @@ def knowing_module(monkeypatch, score):
     """A tiny CCRk whose encoders pass identities through, with ``KnowingHead`` as its ITM head."""
     module = build(rerank_score=score).eval()
     module.eval_cfg.pair_batch_size = 7
-    monkeypatch.setattr(module, "image_encoder", nn.Identity())  # "images" are one-hot ids [N, 1, N]
-    monkeypatch.setattr(module, "encode_captions", lambda ids, mask: TextOutput(
-        states=F.one_hot(ids[:, 1] - FIRST_TOKEN, N).float()[:, None, :], pooled=None, mask=mask.bool()))
-    monkeypatch.setattr(module, "fuse", lambda text, mask, image: torch.cat([text[:, :1], image[:, :1]], -1))
+    monkeypatch.setattr(
+        module, "image_encoder", nn.Identity()
+    )  # "images" are one-hot ids [N, 1, N]
+    monkeypatch.setattr(
+        module,
+        "encode_captions",
+        lambda ids, mask: TextOutput(
+            states=F.one_hot(ids[:, 1] - FIRST_TOKEN, N).float()[:, None, :],
+            pooled=None,
+            mask=mask.bool(),
+        ),
+    )
+    monkeypatch.setattr(
+        module, "fuse", lambda text, mask, image: torch.cat([text[:, :1], image[:, :1]], -1)
+    )
     monkeypatch.setattr(module, "itm_head", KnowingHead())
     return module
 
@@ -50,27 +65,44 @@ def evaluate(module, rerank_k):
     ids[:, 1] += caption_image
     mask = torch.ones_like(ids)
     image_emb = F.normalize(torch.eye(N) + 0.35 * torch.randn(N, N, generator=gen), dim=1)
-    text_emb = F.normalize(image_emb[caption_image] + 0.35 * torch.randn(len(caption_image), N, generator=gen), dim=1)
-    evaluation = metrics.RetrievalEvaluation(ks=(1, 3), ndcg_k=3, unimodal_ndcg_ks=(3,), chunk_size=5, rerank_k=rerank_k)
-    for order, side, emb in ((torch.randperm(N, generator=gen), "images", image_emb),
-                             (torch.randperm(len(ids), generator=gen), "captions", text_emb)):
+    text_emb = F.normalize(
+        image_emb[caption_image] + 0.35 * torch.randn(len(caption_image), N, generator=gen), dim=1
+    )
+    evaluation = metrics.RetrievalEvaluation(
+        ks=(1, 3), ndcg_k=3, unimodal_ndcg_ks=(3,), chunk_size=5, rerank_k=rerank_k
+    )
+    for order, side, emb in (
+        (torch.randperm(N, generator=gen), "images", image_emb),
+        (torch.randperm(len(ids), generator=gen), "captions", text_emb),
+    ):
         for part in order.chunk(3):
-            cache = (module.image_cache(images[part]) if side == "images"
-                     else module.text_cache(ids[part], mask[part]))
+            cache = (
+                module.image_cache(images[part])
+                if side == "images"
+                else module.text_cache(ids[part], mask[part])
+            )
             evaluation.update(side, part, emb[part], cache if rerank_k else None)
-    return evaluation.compute(caption_image=caption_image, caption_language=[lang for lang in LANGUAGES for _ in range(N)],
-                              image_ids=[str(i) for i in range(N)], build_reranker=module.reranker)
+    return evaluation.compute(
+        caption_image=caption_image,
+        caption_language=[lang for lang in LANGUAGES for _ in range(N)],
+        image_ids=[str(i) for i in range(N)],
+        build_reranker=module.reranker,
+    )
 
 
 @pytest.mark.parametrize("rerank_k", [3, 16])
 @pytest.mark.parametrize("score", ["prob", "logit"])
-def test_reranking_with_a_head_that_knows_the_answer_raises_recall_both_ways(monkeypatch, score, rerank_k):
+def test_reranking_with_a_head_that_knows_the_answer_raises_recall_both_ways(
+    monkeypatch, score, rerank_k
+):
     module = knowing_module(monkeypatch, score)
     itc, itm = evaluate(module, 0), evaluate(module, rerank_k)
     for lang in LANGUAGES:
         for direction in ("i2t", "t2i"):
             key = f"{lang}/{direction}"
-            assert itc[f"{key}/R@3"] == 100.0  # the gold is in every top 3: a right head can fix every query
+            assert (
+                itc[f"{key}/R@3"] == 100.0
+            )  # the gold is in every top 3: a right head can fix every query
             assert itc[f"{key}/R@1"] < 100.0, key  # and the dual encoder leaves something to fix
             assert itm[f"{key}/R@1"] == 100.0, key
             assert itm[f"{key}/MeanR"] == 1.0, key

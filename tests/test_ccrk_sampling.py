@@ -37,7 +37,9 @@ def random_batch(batch, languages, seed=0, dim=16):
     return image, text
 
 
-@pytest.mark.parametrize("cosines, expected", [((0.5, 0.3, 0.2), (0.25, 0.35, 0.40)), ((0.8, 0.2), (0.2, 0.8))])
+@pytest.mark.parametrize(
+    "cosines, expected", [((0.5, 0.3, 0.2), (0.25, 0.35, 0.40)), ((0.8, 0.2), (0.2, 0.8))]
+)
 def test_paper_hard_positive_probabilities(cosines, expected):
     image, text = two_instances(cosines)
     weights = sampling_weights(image, text, 0.07, mode="paper").positive[0]
@@ -75,7 +77,9 @@ def test_sampled_rows_respect_instances(mode):
 def test_single_language_positive_is_the_instance_row():
     image, text = random_batch(5, 1, seed=4)
     for mode in ("reference", "paper", "uniform"):
-        assert torch.equal(sample_hard_examples(image, text, 0.1, mode=mode).positive_text, torch.arange(5))
+        assert torch.equal(
+            sample_hard_examples(image, text, 0.1, mode=mode).positive_text, torch.arange(5)
+        )
 
 
 def test_two_instances_force_the_negative():
@@ -109,7 +113,9 @@ def test_absent_captions_are_never_drawn():
     gen = torch.Generator().manual_seed(2)
     for mode in ("reference", "paper", "uniform"):
         for _ in range(100):
-            samples = sample_hard_examples(image, text, 0.1, mode=mode, present=present, generator=gen)
+            samples = sample_hard_examples(
+                image, text, 0.1, mode=mode, present=present, generator=gen
+            )
             assert bool(present[samples.positive_text].all())
             assert bool(present[samples.negative_text].all())
 
@@ -119,7 +125,8 @@ def test_hard_negative_text_prefers_similar_captions():
     text = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0], [0.9, 0.0, 0.436]])  # K=1
     gen = torch.Generator().manual_seed(3)
     hits = sum(
-        int(sample_hard_examples(image, text, 0.1, generator=gen).negative_text[0] == 2) for _ in range(300)
+        int(sample_hard_examples(image, text, 0.1, generator=gen).negative_text[0] == 2)
+        for _ in range(300)
     )
     assert hits > 250
 
@@ -170,8 +177,15 @@ def token_batch(rows=400, length=16, vocab=50, seed=0):
 
 
 def masked(ids, mask, probability=0.15, seed=1):
-    return mask_tokens(ids, mask, SPECIALS["mask"], 50, SPECIALS.values(), probability,
-                       generator=torch.Generator().manual_seed(seed))
+    return mask_tokens(
+        ids,
+        mask,
+        SPECIALS["mask"],
+        50,
+        SPECIALS.values(),
+        probability,
+        generator=torch.Generator().manual_seed(seed),
+    )
 
 
 def test_masking_rate_and_protected_tokens():
@@ -188,7 +202,9 @@ def test_masking_rate_and_protected_tokens():
     replaced = out.input_ids[selected]
     share_mask = (replaced == SPECIALS["mask"]).float().mean().item()
     assert 0.72 < share_mask < 0.88
-    assert not bool(torch.isin(replaced[replaced != SPECIALS["mask"]], torch.tensor([0, 1, 2])).any())
+    assert not bool(
+        torch.isin(replaced[replaced != SPECIALS["mask"]], torch.tensor([0, 1, 2])).any()
+    )
 
 
 def test_masking_forces_one_token_on_short_texts():

@@ -4,15 +4,32 @@ leaderboard row, and impossible settings are one-line errors."""
 
 import pytest
 import torch
+from worlds import random_backbones
 
 import methods.ccrk as ccrk_module
 from experiments.config import compose, method_label
 from experiments.runs import config_fingerprint
 from methods.ccrk import CCRk
-from tests.test_ccrk_module import B, EVALUATION, K, OPTIM, Info, build, method_config, training_batch
-from worlds import random_backbones
+from tests.test_ccrk_module import (
+    EVALUATION,
+    OPTIM,
+    B,
+    Info,
+    K,
+    build,
+    method_config,
+    training_batch,
+)
 
-VARIANTS = ("full", "no_kcl", "no_hard_mitm", "no_hard_cmlm", "no_cl", "pure_kcl", "pure_one_to_one")
+VARIANTS = (
+    "full",
+    "no_kcl",
+    "no_hard_mitm",
+    "no_hard_cmlm",
+    "no_cl",
+    "pure_kcl",
+    "pure_one_to_one",
+)
 
 
 def variant_module(variant, rerank_k=0):
@@ -28,7 +45,11 @@ def variant_module(variant, rerank_k=0):
 def seen(monkeypatch):
     """What one training step hands to the contrastive loss, the samplers and the CMLM masking."""
     record = {"kcl_rows": [], "modes": [], "samples": [], "cmlm_rows": []}
-    sampler, kcl, masking = ccrk_module.sample_hard_examples, ccrk_module.one_to_k_loss, ccrk_module.mask_tokens
+    sampler, kcl, masking = (
+        ccrk_module.sample_hard_examples,
+        ccrk_module.one_to_k_loss,
+        ccrk_module.mask_tokens,
+    )
 
     def record_sampler(image_feat, text_feat, temperature, mode, present):
         record["modes"].append(mode)
@@ -75,14 +96,21 @@ def test_no_hard_cmlm_masks_a_uniformly_drawn_language(seen, monkeypatch):
     differs from that step's hard positive somewhere)."""
     drawn = []
     real_draw = ccrk_module.draw_positive_text
-    monkeypatch.setattr(ccrk_module, "draw_positive_text", lambda w: drawn.append(real_draw(w)) or drawn[-1])
+    monkeypatch.setattr(
+        ccrk_module, "draw_positive_text", lambda w: drawn.append(real_draw(w)) or drawn[-1]
+    )
     step(variant_module("full"), seen)
     full_rows = seen["cmlm_rows"].pop()
-    assert torch.equal(full_rows, training_batch()["input_ids"].reshape(B * K, -1)[seen["samples"][-1].positive_text])
+    assert torch.equal(
+        full_rows,
+        training_batch()["input_ids"].reshape(B * K, -1)[seen["samples"][-1].positive_text],
+    )
     assert drawn == []
     step(variant_module("no_hard_cmlm"), seen)
     assert len(drawn) == 1 and drawn[0].tolist() != seen["samples"][-1].positive_text.tolist()
-    assert torch.equal(seen["cmlm_rows"][-1], training_batch()["input_ids"].reshape(B * K, -1)[drawn[0]])
+    assert torch.equal(
+        seen["cmlm_rows"][-1], training_batch()["input_ids"].reshape(B * K, -1)[drawn[0]]
+    )
 
 
 def test_no_cl_trains_matching_and_masked_lm_only(seen, monkeypatch):
@@ -99,9 +127,15 @@ def test_no_cl_must_rank_by_itm():
 
 
 @pytest.mark.parametrize("variant, rows", [("pure_kcl", B * K), ("pure_one_to_one", B)])
-def test_pure_contrastive_has_no_fusion_and_trains_the_contrastive_loss_alone(variant, rows, seen, monkeypatch):
+def test_pure_contrastive_has_no_fusion_and_trains_the_contrastive_loss_alone(
+    variant, rows, seen, monkeypatch
+):
     module = variant_module(variant)
-    assert not hasattr(module, "fusion") and not hasattr(module, "itm_head") and not hasattr(module, "mlm_head")
+    assert (
+        not hasattr(module, "fusion")
+        and not hasattr(module, "itm_head")
+        and not hasattr(module, "mlm_head")
+    )
     monkeypatch.setattr(module, "contrastive_loss", lambda *a: torch.tensor(1.5))
     assert step(module, seen).item() == pytest.approx(1.5)
     monkeypatch.undo()
@@ -132,7 +166,10 @@ def test_training_step_clamps_a_temperature_pushed_past_its_bounds():
     """τ's parameter below (or above) its bound is put back in place by the step itself, before the
     forward pass ([ref]); the step's own gradient at the bound cannot do it."""
     module = build()
-    for outside, bound in ((-12.0, module.temperature.min_value), (3.0, module.temperature.max_value)):
+    for outside, bound in (
+        (-12.0, module.temperature.min_value),
+        (3.0, module.temperature.max_value),
+    ):
         with torch.no_grad():
             module.temperature.log_tau.fill_(outside)
         module.training_step(training_batch(), 0)

@@ -45,8 +45,13 @@ def worker(rank, init_file, out_dir):
 
 def test_two_processes_match_one_process_with_the_global_batch(tmp_path):
     # fork: the workers inherit the imported suite instead of importing it again (seconds each)
-    mp.start_processes(worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD,
-                       join=True, start_method="fork")
+    mp.start_processes(
+        worker,
+        args=(str(tmp_path / "init"), str(tmp_path)),
+        nprocs=WORLD,
+        join=True,
+        start_method="fork",
+    )
     module = build()
     batch = {k: v for k, v in triple_batch(seed=1).items() if torch.is_tensor(v)}
     # the halves trim to different lengths, so the gathered target tokens must be re-padded

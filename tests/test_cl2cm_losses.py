@@ -46,7 +46,9 @@ def test_symmetric_infonce_values():
     assert sym_infonce(S, 1.0).item() == pytest.approx(0.515414, abs=1e-6)
     assert sym_infonce(S, 0.07).item() == pytest.approx(0.015655, abs=1e-6)
     assert sym_infonce(S.t(), 1.0).item() == pytest.approx(0.515414, abs=1e-6)
-    assert sym_infonce(torch.eye(2), 1.0).item() == pytest.approx(math.log(1 + math.e ** -1), abs=1e-6)
+    assert sym_infonce(torch.eye(2), 1.0).item() == pytest.approx(
+        math.log(1 + math.e**-1), abs=1e-6
+    )
 
 
 def test_sinkhorn_marginals_padding_and_shift_invariance():
@@ -67,8 +69,15 @@ def test_sinkhorn_matches_pot_on_each_pair():
     A = sinkhorn_plan(C, ws, wt, epsilon=0.1, iterations=100)
     for b in range(len(C)):
         m, n = int(ws[b].sum()), int(wt[b].sum())
-        reference = ot.sinkhorn(torch.full((m,), 1 / m), torch.full((n,), 1 / n), 1 - C[b, :m, :n],
-                                0.1, method="sinkhorn_log", numItermax=100, stopThr=0.0)
+        reference = ot.sinkhorn(
+            torch.full((m,), 1 / m),
+            torch.full((n,), 1 / n),
+            1 - C[b, :m, :n],
+            0.1,
+            method="sinkhorn_log",
+            numItermax=100,
+            stopThr=0.0,
+        )
         assert torch.allclose(A[b, :m, :n], reference.float(), atol=1e-6)
 
 
@@ -81,8 +90,12 @@ def test_toy_ot_labels_threshold_and_word_loss():
     assert rows.all()
     count_labels, _ = ot_pseudo_labels(A, ALL2, ALL3, "count")
     assert torch.allclose(count_labels, torch.tensor([[[1 / 3, 0, 0], [0, 1 / 8, 1 / 8]]]))
-    assert word_align_loss(TOY_C, labels, rows, ALL3, 1.0).item() == pytest.approx(0.782973, abs=1e-6)
-    assert word_align_loss(TOY_C, labels, rows, ALL3, 0.07).item() == pytest.approx(0.464641, abs=1e-6)
+    assert word_align_loss(TOY_C, labels, rows, ALL3, 1.0).item() == pytest.approx(
+        0.782973, abs=1e-6
+    )
+    assert word_align_loss(TOY_C, labels, rows, ALL3, 0.07).item() == pytest.approx(
+        0.464641, abs=1e-6
+    )
 
 
 def test_permutation_labels_constant_cost_and_no_kept_row():
@@ -90,7 +103,8 @@ def test_permutation_labels_constant_cost_and_no_kept_row():
     labels, rows = ot_pseudo_labels(sinkhorn_plan(P, ALL3, ALL3), ALL3, ALL3)
     assert torch.allclose(labels, P, atol=1e-6)
     assert word_align_loss(P, labels, rows, ALL3, 1.0).item() == pytest.approx(
-        math.log(1 + 2 * math.e ** -1), abs=1e-6)
+        math.log(1 + 2 * math.e**-1), abs=1e-6
+    )
     assert word_align_loss(P, labels, rows, ALL3, 0.07).item() == pytest.approx(1.25e-6, abs=2e-7)
     uniform = sinkhorn_plan(torch.full((1, 2, 3), 0.4), ALL2, ALL3)
     assert torch.allclose(uniform, torch.full_like(uniform, 1 / 6), atol=1e-6)
@@ -118,8 +132,9 @@ def test_maxsim_word_similarity_values_and_masks():
     e1, e2 = torch.tensor([1.0, 0.0]), torch.tensor([0.0, 1.0])
     pad = torch.tensor([5.0, 5.0])  # would win every max if padding were not masked
     source = torch.stack([e1, e2, pad])[None]
-    targets = torch.stack([torch.stack([e1, (e1 + e2) / math.sqrt(2), -e1]),
-                           torch.stack([e2, -e2, pad])])
+    targets = torch.stack(
+        [torch.stack([e1, (e1 + e2) / math.sqrt(2), -e1]), torch.stack([e2, -e2, pad])]
+    )
     ws = torch.tensor([[True, True, False]])
     wt = torch.tensor([[True, True, True], [True, True, False]])
     S = maxsim_word_similarity(source, targets, ws, wt)
@@ -132,13 +147,16 @@ def test_maxsim_word_similarity_values_and_masks():
     assert S2[0, 1].item() == pytest.approx(1.0) and S2[1, 0].item() == pytest.approx(0.5)
 
 
-@pytest.mark.parametrize("tau, student_teacher, teacher_student", [
-    (1.0, 0.026345, 0.027955), (0.5, 0.067131, 0.082608), (0.07, 0.000785, 0.004852)])
+@pytest.mark.parametrize(
+    "tau, student_teacher, teacher_student",
+    [(1.0, 0.026345, 0.027955), (0.5, 0.067131, 0.082608), (0.07, 0.000785, 0.004852)],
+)
 def test_kd_direction_and_temperature(tau, student_teacher, teacher_student):
     S_cm, S_cl = torch.eye(2), torch.tensor([[1.0, 0.5], [0.5, 1.0]])
     assert relational_kd_loss(S_cm, S_cl, tau).item() == pytest.approx(student_teacher, abs=1e-6)
     assert relational_kd_loss(S_cm, S_cl, tau, "teacher_student").item() == pytest.approx(
-        teacher_student, abs=1e-6)
+        teacher_student, abs=1e-6
+    )
     assert relational_kd_loss(S_cl, S_cl, tau).item() <= 1e-7
 
 
@@ -155,7 +173,8 @@ def test_combined_example_and_the_teacher_mix():
     assert cm_inst.item() == pytest.approx(0.018399, abs=1e-6)
     assert ckt.item() == pytest.approx(0.013714, abs=1e-6)
     assert relational_kd_loss(S_cm, S_cl, 0.07, "teacher_student").item() == pytest.approx(
-        0.005832, abs=1e-6)
+        0.005832, abs=1e-6
+    )
     assert (0.4 * cm_inst + 0.6 * ckt).item() == pytest.approx(0.015588, abs=1e-6)
 
 
@@ -165,7 +184,9 @@ def test_unbalanced_and_partial_plans():
     M, N = ws.sum(1).float(), wt.sum(1).float()
     partial = sinkhorn_plan(C, ws, wt, variant="partial", partial_mass=0.7, iterations=200)
     assert torch.allclose(partial.sum((1, 2)), torch.full((4,), 0.7), atol=1e-5)
-    assert (partial.sum(2) <= 1 / M[:, None] + 1e-5).all() and (partial.sum(1) <= 1 / N[:, None] + 1e-5).all()
+    assert (partial.sum(2) <= 1 / M[:, None] + 1e-5).all() and (
+        partial.sum(1) <= 1 / N[:, None] + 1e-5
+    ).all()
     assert (partial[~valid] == 0).all()
     balanced = sinkhorn_plan(C, ws, wt)
     loose = sinkhorn_plan(C, ws, wt, variant="unbalanced", marginal_penalty=0.05)

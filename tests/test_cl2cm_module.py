@@ -8,17 +8,27 @@ from dataclasses import dataclass, field
 import pytest
 import torch
 import torch.nn.functional as F
+from worlds import random_backbones
 
 import methods
 import methods.cl2cm as cl2cm_module
 from experiments.config import compose
 from methods.cl2cm import CL2CM
-from methods.layers.contrastive import info_nce
-from worlds import random_backbones
 
 B, L, VOCAB, IMAGE = 6, 14, 90, 32
-ABLATIONS = ["full", "cm_only", "cl_inst", "cl_multi", "ckt_sent", "ckt_word", "word_ckt_word",
-             "attention_labels", "ot_unbalanced", "ot_partial", "kl_teacher_student"]
+ABLATIONS = [
+    "full",
+    "cm_only",
+    "cl_inst",
+    "cl_multi",
+    "ckt_sent",
+    "ckt_word",
+    "word_ckt_word",
+    "attention_labels",
+    "ot_unbalanced",
+    "ot_partial",
+    "kl_teacher_student",
+]
 
 
 @dataclass
@@ -59,9 +69,15 @@ def triple_batch(seed=0, length=L):
     gen = torch.Generator().manual_seed(seed)
     src, src_mask = captions(gen, length)
     tgt, tgt_mask = captions(gen, length)
-    return {"images": torch.randn(B, 3, IMAGE, IMAGE, generator=gen), "src_input_ids": src,
-            "src_attention_mask": src_mask, "tgt_input_ids": tgt, "tgt_attention_mask": tgt_mask,
-            "tgt_languages": ["de"] * B, "ids": [str(i) for i in range(B)]}
+    return {
+        "images": torch.randn(B, 3, IMAGE, IMAGE, generator=gen),
+        "src_input_ids": src,
+        "src_attention_mask": src_mask,
+        "tgt_input_ids": tgt,
+        "tgt_attention_mask": tgt_mask,
+        "tgt_languages": ["de"] * B,
+        "ids": [str(i) for i in range(B)],
+    }
 
 
 def grads_of(module, loss):
@@ -71,7 +87,9 @@ def grads_of(module, loss):
 
 
 def nonzero(grads, prefix):
-    return any(g is not None and g.abs().sum() > 0 for n, g in grads.items() if n.startswith(prefix))
+    return any(
+        g is not None and g.abs().sum() > 0 for n, g in grads.items() if n.startswith(prefix)
+    )
 
 
 def test_registered_and_every_loss_is_finite_with_the_spec_shapes():
@@ -146,9 +164,15 @@ def test_each_ablation_switch_changes_what_is_computed():
     full = losses_of("full")
     assert set(losses_of("cl_inst")) == {"cm_inst", "cl_inst"}
     assert set(losses_of("cl_multi")) == {"cm_inst", "cl_inst", "word"}
-    for variant, key in [("ckt_sent", "ckt"), ("ckt_word", "ckt"), ("word_ckt_word", "ckt"),
-                         ("attention_labels", "word"), ("ot_unbalanced", "word"),
-                         ("ot_partial", "word"), ("kl_teacher_student", "ckt")]:
+    for variant, key in [
+        ("ckt_sent", "ckt"),
+        ("ckt_word", "ckt"),
+        ("word_ckt_word", "ckt"),
+        ("attention_labels", "word"),
+        ("ot_unbalanced", "word"),
+        ("ot_partial", "word"),
+        ("kl_teacher_student", "ckt"),
+    ]:
         changed = losses_of(variant)
         assert changed[key] != pytest.approx(full[key], rel=1e-4), variant
     assert set(losses_of("ckt_sent")) == {"cm_inst", "cl_inst", "ckt"}
@@ -161,8 +185,9 @@ def test_each_ablation_switch_changes_what_is_computed():
 def test_without_transfer_the_cm_loss_is_the_instance_loss_alone():
     module = build("variant=cl_multi")
     losses = module.losses(triple_batch())
-    assert torch.allclose(module.total_loss(losses),
-                          losses["cm_inst"] + losses["cl_inst"] + losses["word"])
+    assert torch.allclose(
+        module.total_loss(losses), losses["cm_inst"] + losses["cl_inst"] + losses["word"]
+    )
 
 
 def test_the_variant_selects_the_ablation_and_an_unknown_one_is_an_error():
@@ -187,8 +212,13 @@ def test_lambda_one_needs_no_word_similarity(monkeypatch):
 def test_inference_is_the_cm_dual_encoder_without_ot_or_transfer(monkeypatch):
     module = build().eval()
     batch = triple_batch()
-    for name in ("sinkhorn_plan", "relational_kd_loss", "maxsim_word_similarity",
-                 "ot_pseudo_labels", "attention_pseudo_labels"):
+    for name in (
+        "sinkhorn_plan",
+        "relational_kd_loss",
+        "maxsim_word_similarity",
+        "ot_pseudo_labels",
+        "attention_pseudo_labels",
+    ):
         monkeypatch.setattr(cl2cm_module, name, lambda *a, **k: pytest.fail("teacher at test"))
     with torch.no_grad():  # what evaluation calls for every image and caption
         images = module.encode_images(batch["images"])
@@ -227,7 +257,12 @@ def test_extra_padding_and_batch_order_change_no_loss(monkeypatch):
 def test_source_and_target_share_one_text_encoder_and_training_step_logs():
     module = build()
     assert [n for n, _ in module.named_children()] == [
-        "image_encoder", "text_encoder", "image_head", "text_head", "temperature"]
+        "image_encoder",
+        "text_encoder",
+        "image_head",
+        "text_head",
+        "temperature",
+    ]
     logged = {}
     module.log = lambda name, value, **kw: logged.setdefault(name, value)
     total = module.training_step(triple_batch(), 0)
@@ -237,12 +272,22 @@ def test_source_and_target_share_one_text_encoder_and_training_step_logs():
 
 # ---- the paper preset ---------------------------------------------------------------------------
 
-TINY_CLIP = {"embed_dim": 512, "vision_cfg": {"image_size": 32, "patch_size": 16, "width": 32,
-                                              "layers": 1, "head_width": 16},
-             "text_cfg": {"context_length": 8, "vocab_size": 50, "width": 16, "heads": 1, "layers": 1}}
-TINY_BERT = {"vocab_size": VOCAB, "hidden_size": 32, "num_hidden_layers": 2, "num_attention_heads": 2,
-             "intermediate_size": 64, "max_position_embeddings": 32, "pad_token_id": 1,
-             "hidden_dropout_prob": 0.0, "attention_probs_dropout_prob": 0.0}
+TINY_CLIP = {
+    "embed_dim": 512,
+    "vision_cfg": {"image_size": 32, "patch_size": 16, "width": 32, "layers": 1, "head_width": 16},
+    "text_cfg": {"context_length": 8, "vocab_size": 50, "width": 16, "heads": 1, "layers": 1},
+}
+TINY_BERT = {
+    "vocab_size": VOCAB,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 2,
+    "intermediate_size": 64,
+    "max_position_embeddings": 32,
+    "pad_token_id": 1,
+    "hidden_dropout_prob": 0.0,
+    "attention_probs_dropout_prob": 0.0,
+}
 
 
 def test_paper_preset_architecture_from_tiny_local_models_takes_a_step(tmp_path):
@@ -250,15 +295,23 @@ def test_paper_preset_architecture_from_tiny_local_models_takes_a_step(tmp_path)
     from transformers import BertConfig, BertModel
 
     paper = compose(["method=cl2cm_paper"]).method
-    assert paper.image_encoder.name == "open_clip:ViT-B-32" and paper.image_encoder.pretrained == "openai"
+    assert (
+        paper.image_encoder.name == "open_clip:ViT-B-32"
+        and paper.image_encoder.pretrained == "openai"
+    )
     assert paper.text_encoder.name == "hf:bert-base-multilingual-cased" and paper.embed_dim == 512
     torch.manual_seed(0)
     clip_path = tmp_path / "clip.pt"
     torch.save(open_clip.CLIP(**TINY_CLIP).state_dict(), clip_path)
     bert_dir = tmp_path / "mbert"
     BertModel(BertConfig(**TINY_BERT)).save_pretrained(bert_dir)
-    cfg = compose(["method=cl2cm_paper", f"method.image_encoder.pretrained={clip_path}",
-                   f"method.text_encoder.name=hf:{bert_dir}"])
+    cfg = compose(
+        [
+            "method=cl2cm_paper",
+            f"method.image_encoder.pretrained={clip_path}",
+            f"method.text_encoder.name=hf:{bert_dir}",
+        ]
+    )
     cfg.method.image_encoder.config = TINY_CLIP
     module = CL2CM(cfg.method, cfg.optim, Info(), cfg.evaluation)
     assert isinstance(module.image_head, torch.nn.Identity)  # CLIP's 512-d embedding, no extra head
@@ -281,7 +334,9 @@ def test_evaluation_encodes_every_caption_at_the_batch_width():
     batch = pad_columns(triple_batch(), 6)
     ids, mask = batch["tgt_input_ids"], batch["tgt_attention_mask"]
     shapes = []
-    module.text_encoder.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    module.text_encoder.register_forward_hook(
+        lambda m, args, out: shapes.append(tuple(args[0].shape))
+    )
     with torch.no_grad():
         module.encode_texts(ids, mask)
     assert shapes == [tuple(ids.shape)]

@@ -10,16 +10,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from worlds import SMALL_PRETRAINED_BACKBONES
 
 from datamodules.triples import triple_dataloader, triple_index
 from experiments.config import compose
 from experiments.train import build_datamodule
-from worlds import QUICK_BACKBONES, SMALL_PRETRAINED_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
-WORLD = ["data.synthetic.num_train=24", "data.synthetic.num_val=4", "data.synthetic.num_test=4",
-         "data.batch_size=8", "data.tokenizer.vocab_size=300", "data.num_workers=0",
-         "data.languages=[en,de,ja]", "data.synthetic.mt_noise=0.5"]
+WORLD = [
+    "data.synthetic.num_train=24",
+    "data.synthetic.num_val=4",
+    "data.synthetic.num_test=4",
+    "data.batch_size=8",
+    "data.tokenizer.vocab_size=300",
+    "data.num_workers=0",
+    "data.languages=[en,de,ja]",
+    "data.synthetic.mt_noise=0.5",
+]
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +67,9 @@ def test_target_languages_are_chosen_and_checked(datamodule):
 
 
 def test_weakly_aligned_records_make_no_triples(tmp_path):
-    cfg = compose(["method=cl2cm", f"data.root={tmp_path}", *WORLD, "data.synthetic.weak_fraction=0.6"])
+    cfg = compose(
+        ["method=cl2cm", f"data.root={tmp_path}", *WORLD, "data.synthetic.weak_fraction=0.6"]
+    )
     data = build_datamodule(cfg)
     weak = {r.id for r in data.records("train") if r.extras.get("alignment") == "weak"}
     assert weak
@@ -69,12 +78,26 @@ def test_weakly_aligned_records_make_no_triples(tmp_path):
     assert len(dataset) == (len(data.records("train")) - len(weak)) * 5 * 2
 
 
-TRAIN = ["method=cl2cm", *SMALL_PRETRAINED_BACKBONES, "data.synthetic.num_pretrain=200", "trainer.max_steps=150", "trainer.progress_refresh_rate=0",
-         "trainer.check_val_every_n_epoch=1000", "optim.warmup_steps=10",
-         "data.synthetic.num_train=200", "data.synthetic.num_val=16", "data.synthetic.num_test=32",
-         "data.batch_size=16", "data.eval_batch_size=64", "data.tokenizer.vocab_size=300",
-         "data.languages=[en,de]", "data.synthetic.num_shapes=4", "data.synthetic.num_colours=4",
-         "data.synthetic.max_objects=1", "data.num_workers=0"]
+TRAIN = [
+    "method=cl2cm",
+    *SMALL_PRETRAINED_BACKBONES,
+    "data.synthetic.num_pretrain=200",
+    "trainer.max_steps=150",
+    "trainer.progress_refresh_rate=0",
+    "trainer.check_val_every_n_epoch=1000",
+    "optim.warmup_steps=10",
+    "data.synthetic.num_train=200",
+    "data.synthetic.num_val=16",
+    "data.synthetic.num_test=32",
+    "data.batch_size=16",
+    "data.eval_batch_size=64",
+    "data.tokenizer.vocab_size=300",
+    "data.languages=[en,de]",
+    "data.synthetic.num_shapes=4",
+    "data.synthetic.num_colours=4",
+    "data.synthetic.max_objects=1",
+    "data.num_workers=0",
+]
 CHANCE_MARGIN = 12.0  # points of mean t2i recall above chance (measured: about +21 at 150 steps)
 
 
@@ -82,8 +105,14 @@ CHANCE_MARGIN = 12.0  # points of mean t2i recall above chance (measured: about 
 def test_cli_training_beats_chance_on_a_tiny_world(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [*TRAIN, f"data.root={tmp_path / 'world'}", f"run_dir={tmp_path / 'runs'}"]
-    subprocess.run([sys.executable, "-m", "experiments.train", *argv], cwd=REPO, env=env,
-                   check=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    subprocess.run(
+        [sys.executable, "-m", "experiments.train", *argv],
+        cwd=REPO,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
     (path,) = (tmp_path / "runs" / "synthetic" / "cl2cm").glob("*/metrics.json")
     report = json.loads(path.read_text())["metrics"]
     images = 32

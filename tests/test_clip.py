@@ -8,10 +8,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
+from worlds import RANDOM_BACKBONES
 
 from methods.clip import CLIPModule
 from methods.layers.batches import sample_one_language
-from worlds import RANDOM_BACKBONES
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 INFO = SimpleNamespace(
@@ -143,7 +143,14 @@ def test_training_clamps_the_temperature_in_place_at_clips_bound():
     module.optim_cfg.lr = 0.0
     with torch.no_grad():
         module.temperature.log_tau.fill_(math.log(1e-4))
-    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_steps=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        limit_val_batches=0,
+    )
     trainer.fit(module, train_dataloaders=DataLoader([_toy_batch(6)], batch_size=None))
     assert module.temperature.log_tau.item() == pytest.approx(math.log(0.01))

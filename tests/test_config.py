@@ -54,24 +54,31 @@ def test_method_preset_may_fix_the_protocol_and_the_cli_still_wins():
     assert compose(["method=clip"]).protocol == "default"
 
 
-@pytest.mark.parametrize("method,ran,recorded", [("mclip", "fine-tune-en", "zero-shot"),
-                                                 ("rc3", "pretrain-only", "fine-tune-en")])
+@pytest.mark.parametrize(
+    "method,ran,recorded",
+    [("mclip", "fine-tune-en", "zero-shot"), ("rc3", "pretrain-only", "fine-tune-en")],
+)
 def test_a_method_cannot_run_another_protocol_than_the_run_records(method, ran, recorded):
-    with pytest.raises(ConfigError, match=f"method.run_protocol={ran} differs from protocol={recorded}"):
+    with pytest.raises(
+        ConfigError, match=f"method.run_protocol={ran} differs from protocol={recorded}"
+    ):
         compose([f"method={method}", f"method.run_protocol={ran}"])
 
 
-@pytest.mark.parametrize("override, key", [
-    ("trainer.max_steps=abc", "trainer.max_steps"),
-    ("optim.lr=abc", "optim.lr"),
-    ("data.batch_size=-4", "data.batch_size"),
-    ("data.languages=en", "data.languages"),
-    ("trainer.max_steps=0", "trainer.max_steps"),
-    ("data.on_missing_image=skipp", "data.on_missing_image"),
-    ("evaluation.unimodal_ndcg_ks=[10,0]", "evaluation.unimodal_ndcg_ks"),
-    ("evaluation.unimodal_ndcg_ks=[]", "evaluation.unimodal_ndcg_ks"),
-    ("evaluation.unimodal_ndcg_ks=20", "evaluation.unimodal_ndcg_ks"),
-])
+@pytest.mark.parametrize(
+    "override, key",
+    [
+        ("trainer.max_steps=abc", "trainer.max_steps"),
+        ("optim.lr=abc", "optim.lr"),
+        ("data.batch_size=-4", "data.batch_size"),
+        ("data.languages=en", "data.languages"),
+        ("trainer.max_steps=0", "trainer.max_steps"),
+        ("data.on_missing_image=skipp", "data.on_missing_image"),
+        ("evaluation.unimodal_ndcg_ks=[10,0]", "evaluation.unimodal_ndcg_ks"),
+        ("evaluation.unimodal_ndcg_ks=[]", "evaluation.unimodal_ndcg_ks"),
+        ("evaluation.unimodal_ndcg_ks=20", "evaluation.unimodal_ndcg_ks"),
+    ],
+)
 def test_wrong_type_sign_or_shape_names_the_key_at_compose_time(override, key):
     with pytest.raises(ConfigError) as err:
         compose([override])
@@ -100,14 +107,30 @@ def test_the_cpu_preset_takes_the_methods_thread_count_and_it_is_execution_only(
 def test_the_cpu_preset_takes_the_methods_validation_cadence_and_the_command_line_wins():
     rc3, clip = compose(["method=rc3"]), compose(["method=clip"])
     assert rc3.trainer.check_val_every_n_epoch == 3 and clip.trainer.check_val_every_n_epoch == 1
-    assert compose(["method=rc3", "method.check_val_every_n_epoch=2"]).trainer.check_val_every_n_epoch == 2
-    assert compose(["method=rc3", "trainer.check_val_every_n_epoch=1"]).trainer.check_val_every_n_epoch == 1
-    assert compose(["method=rc3", "trainer=gpu"]).trainer.check_val_every_n_epoch == 5  # the gpu preset's own
+    assert (
+        compose(["method=rc3", "method.check_val_every_n_epoch=2"]).trainer.check_val_every_n_epoch
+        == 2
+    )
+    assert (
+        compose(["method=rc3", "trainer.check_val_every_n_epoch=1"]).trainer.check_val_every_n_epoch
+        == 1
+    )
+    assert (
+        compose(["method=rc3", "trainer=gpu"]).trainer.check_val_every_n_epoch == 5
+    )  # the gpu preset's own
 
 
-@pytest.mark.parametrize("value, reason", [("0", "must be >= 1"), ("-5", "must be >= 1"),
-                                           ("many", "Value 'many' of type 'str' could not be converted")])
-def test_an_image_budget_below_one_or_not_a_number_is_a_one_line_error_naming_the_key(value, reason):
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("0", "must be >= 1"),
+        ("-5", "must be >= 1"),
+        ("many", "Value 'many' of type 'str' could not be converted"),
+    ],
+)
+def test_an_image_budget_below_one_or_not_a_number_is_a_one_line_error_naming_the_key(
+    value, reason
+):
     with pytest.raises(ConfigError) as err:
         compose(["method=rc3", f"evaluation.max_images={value}"])
     message = str(err.value)
@@ -123,7 +146,9 @@ def test_rc3s_cpu_preset_scores_the_first_100_images_and_its_paper_preset_every_
     every_pair = compose(["method=rc3", "evaluation.max_images=null"])
     assert config_fingerprint(every_pair) != config_fingerprint(rc3)  # it changes the scores
     assert experiment_settings(rc3)["evaluation.max_images"] == 100
-    assert "evaluation.max_images" not in experiment_settings(every_pair)  # null: as runs before the key
+    assert "evaluation.max_images" not in experiment_settings(
+        every_pair
+    )  # null: as runs before the key
 
 
 def test_a_stored_config_that_is_a_yaml_list_is_a_one_line_error_naming_the_file(tmp_path):
@@ -152,8 +177,11 @@ def test_every_data_preset_composes_with_a_two_language_subset(data):
 
 
 def test_mrv_languages_set_outside_the_run_languages_is_an_error_naming_the_key():
-    with pytest.raises(ConfigError, match=r"data\.mrv_languages=\['en', 'de'\] names en, which "
-                                          r"data\.languages=\['de', 'ja'\] does not evaluate"):
+    with pytest.raises(
+        ConfigError,
+        match=r"data\.mrv_languages=\['en', 'de'\] names en, which "
+        r"data\.languages=\['de', 'ja'\] does not evaluate",
+    ):
         compose(["data=xflickrco", "data.languages=[de,ja]", "data.mrv_languages=[en,de]"])
 
 
@@ -161,23 +189,41 @@ def test_mrv_languages_set_outside_the_run_languages_is_an_error_naming_the_key(
 def test_a_method_without_protocols_refuses_another_protocol_label(method):
     """They train on every language of data.languages: a zero-shot label would not be what ran."""
     assert compose([f"method={method}"]).protocol == "default"
-    with pytest.raises(ConfigError, match=f"protocol=zero-shot: {method} has no protocols of its "
-                                          "own; it trains on every language of data.languages"):
+    with pytest.raises(
+        ConfigError,
+        match=f"protocol=zero-shot: {method} has no protocols of its "
+        "own; it trains on every language of data.languages",
+    ):
         compose([f"method={method}", "protocol=zero-shot"])
 
 
-@pytest.mark.parametrize("key, problem", [
-    ("en/mr", "is not a key of the validation report"),          # misspelt
-    ("xx/mR", "is not a key of the validation report"),          # a language the run lacks
-    ("en/i2t/R@3", "is not a key of the validation report"),     # a k not in evaluation.ks
-    ("all/MRV_dropped", "it is not a score"),
-])
+@pytest.mark.parametrize(
+    "key, problem",
+    [
+        ("en/mr", "is not a key of the validation report"),  # misspelt
+        ("xx/mR", "is not a key of the validation report"),  # a language the run lacks
+        ("en/i2t/R@3", "is not a key of the validation report"),  # a k not in evaluation.ks
+        ("all/MRV_dropped", "it is not a score"),
+    ],
+)
 def test_select_on_must_name_a_score_of_the_validation_report_at_composition(key, problem):
     with pytest.raises(ConfigError, match=f"evaluation.select_on={key}.*{problem}"):
         compose([f"evaluation.select_on={key}"])
 
 
-@pytest.mark.parametrize("key", ["en/mR", "mR", "mR_non_en", "de/t2i/MeanR", "ja/i2t/MedR",
-                                 "all/MRV", "zh/i2t/NDCG@10", "fr/t2i/MRR", "i2i/NDCG@20"])
+@pytest.mark.parametrize(
+    "key",
+    [
+        "en/mR",
+        "mR",
+        "mR_non_en",
+        "de/t2i/MeanR",
+        "ja/i2t/MedR",
+        "all/MRV",
+        "zh/i2t/NDCG@10",
+        "fr/t2i/MRR",
+        "i2i/NDCG@20",
+    ],
+)
 def test_every_score_of_the_validation_report_can_be_selected_on(key):
     assert compose([f"evaluation.select_on={key}"]).evaluation.select_on == key

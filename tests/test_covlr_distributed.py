@@ -18,7 +18,11 @@ from test_covlr_module import B, build, grads, training_batch
 import methods.covlr as covlr
 
 WORLD = 2
-SETTINGS = {"cls": {"uni_mode": "cls"}, "nce": {"uni_mode": "nce"}, "sum": {"uni_mode": "cls", "meta": False}}
+SETTINGS = {
+    "cls": {"uni_mode": "cls"},
+    "nce": {"uni_mode": "nce"},
+    "sum": {"uni_mode": "cls", "meta": False},
+}
 
 
 def first_language(present):
@@ -36,7 +40,11 @@ def flip(images, *args):
     return images.flip(-1)
 
 
-PINNED = {"sample_one_language": first_language, "other_language": last_other_language, "flip_and_translate": flip}
+PINNED = {
+    "sample_one_language": first_language,
+    "other_language": last_other_language,
+    "flip_and_translate": flip,
+}
 
 
 def pin_draws():
@@ -53,7 +61,10 @@ def step(setting, batch):
 
 def local_rows(batch, rank):
     rows = slice(rank * B // WORLD, (rank + 1) * B // WORLD)
-    return {key: value[rows] if torch.is_tensor(value) and len(value) == B else value for key, value in batch.items()}
+    return {
+        key: value[rows] if torch.is_tensor(value) and len(value) == B else value
+        for key, value in batch.items()
+    }
 
 
 def worker(rank, init_file, out_dir):

@@ -34,16 +34,38 @@ def chance_mean_recall() -> float:
 
 @pytest.mark.slow
 def test_cli_run_beats_chance(tmp_path):
-    argv = ["method=covlr", f"variant={VARIANT}", f"data.root={tmp_path / 'world'}", f"run_dir={tmp_path / 'runs'}", "run_id=e2e",
-            "data.synthetic.num_train=512", *RANDOM_INIT_ENCODERS,
-            "data.synthetic.num_val=16", f"data.synthetic.num_test={TEST_IMAGES}",
-            "data.languages=[en,de]", "data.batch_size=32", "data.eval_batch_size=64",
-            "data.tokenizer.vocab_size=300", "trainer.max_steps=120", "optim.warmup_steps=10",
-            "optim.lr=3e-3", "trainer.check_val_every_n_epoch=1000", "trainer.progress_refresh_rate=0"]
+    argv = [
+        "method=covlr",
+        f"variant={VARIANT}",
+        f"data.root={tmp_path / 'world'}",
+        f"run_dir={tmp_path / 'runs'}",
+        "run_id=e2e",
+        "data.synthetic.num_train=512",
+        *RANDOM_INIT_ENCODERS,
+        "data.synthetic.num_val=16",
+        f"data.synthetic.num_test={TEST_IMAGES}",
+        "data.languages=[en,de]",
+        "data.batch_size=32",
+        "data.eval_batch_size=64",
+        "data.tokenizer.vocab_size=300",
+        "trainer.max_steps=120",
+        "optim.warmup_steps=10",
+        "optim.lr=3e-3",
+        "trainer.check_val_every_n_epoch=1000",
+        "trainer.progress_refresh_rate=0",
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    subprocess.run([sys.executable, "-m", "experiments.train", *argv], cwd=REPO, env=env, check=True,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    result = json.loads((tmp_path / "runs" / "synthetic" / f"covlr+{VARIANT}" / "e2e" / "metrics.json").read_text())
+    subprocess.run(
+        [sys.executable, "-m", "experiments.train", *argv],
+        cwd=REPO,
+        env=env,
+        check=True,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    result = json.loads(
+        (tmp_path / "runs" / "synthetic" / f"covlr+{VARIANT}" / "e2e" / "metrics.json").read_text()
+    )
     chance = chance_mean_recall()
     assert result["train_steps"] == 120
     assert result["metrics"]["mR"] > chance + MARGIN, (result["metrics"]["mR"], chance)

@@ -21,8 +21,14 @@ NUM_SHAPES, NUM_COLOURS = 3, 4
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> CCRDataModule:
-    cfg = synthetic_cfg(tmp_path_factory.mktemp("covlr_labels"), **{
-        "synthetic.num_shapes": NUM_SHAPES, "synthetic.num_colours": NUM_COLOURS, "synthetic.weak_fraction": 0.0})
+    cfg = synthetic_cfg(
+        tmp_path_factory.mktemp("covlr_labels"),
+        **{
+            "synthetic.num_shapes": NUM_SHAPES,
+            "synthetic.num_colours": NUM_COLOURS,
+            "synthetic.weak_fraction": 0.0,
+        },
+    )
     data = CCRDataModule(cfg, seed=0)
     data.prepare_data()
     data.setup("fit")
@@ -41,8 +47,10 @@ def scene_multi_hot(world, batch, key) -> torch.Tensor:
     records = {r.id: r for r in world.records("train")}
 
     def values(record):
-        return {o["shape"] if key == "shape" else f"{o['colour']} {o['shape']}"
-                for o in record.extras["scene"]["objects"]}
+        return {
+            o["shape"] if key == "shape" else f"{o['colour']} {o['shape']}"
+            for o in record.extras["scene"]["objects"]
+        }
 
     names = sorted(set().union(*(values(r) for r in records.values())))
     rows = torch.zeros(len(batch["ids"]), len(names), dtype=torch.long)
@@ -55,8 +63,12 @@ def scene_multi_hot(world, batch, key) -> torch.Tensor:
 def test_the_world_gives_the_shape_as_each_labels_category(world):
     info = world.info
     assert info.num_objects > NUM_SHAPES  # several colours per shape in the train split
-    assert info.object_categories == [label.split(" ")[1] for label in sorted(
-        {label for r in world.records("train") for label in r.extras["objects"]})]
+    assert info.object_categories == [
+        label.split(" ")[1]
+        for label in sorted(
+            {label for r in world.records("train") for label in r.extras["objects"]}
+        )
+    ]
     assert set(info.object_categories) == set(SHAPES[:NUM_SHAPES])
 
 
@@ -69,7 +81,9 @@ def test_default_classifiers_predict_the_shapes_of_the_image(world):
     assert expected.shape[1] == NUM_SHAPES
     assert torch.equal(view.objects, expected)
     assert (expected.sum(1) < batch["objects"].sum(1)).any()  # a shape held twice counts once
-    per_caption = expected.repeat_interleave(batch["present"].shape[1], 0)[batch["present"].reshape(-1)]
+    per_caption = expected.repeat_interleave(batch["present"].shape[1], 0)[
+        batch["present"].reshape(-1)
+    ]
     assert torch.equal(view.caption_objects, per_caption)
 
 
@@ -92,8 +106,11 @@ def test_category_and_object_runs_each_train_a_step(world):
 
 
 def test_variants_name_their_rows_and_switch_labels_and_temperature():
-    for variant, labels, temperature in ((None, "category", 0.2), ("objects", "object", 0.2),
-                                         ("tau007", "category", 0.07)):
+    for variant, labels, temperature in (
+        (None, "category", 0.2),
+        ("objects", "object", 0.2),
+        ("tau007", "category", 0.07),
+    ):
         cfg = compose(["method=covlr", *([f"variant={variant}"] if variant else [])])
         assert cfg.method.ablation == variant
         settings = OmegaConf.merge(cfg.method, cfg.method.ablations[variant] if variant else {})
@@ -101,8 +118,10 @@ def test_variants_name_their_rows_and_switch_labels_and_temperature():
 
 
 def test_a_config_stored_before_uni_labels_trains_on_the_object_labels(world):
-    stored = OmegaConf.masked_copy(method_config(), [k for k in method_config() if k not in
-                                                     ("uni_labels", "ablation", "ablations")])
+    stored = OmegaConf.masked_copy(
+        method_config(),
+        [k for k in method_config() if k not in ("uni_labels", "ablation", "ablations")],
+    )
     torch.manual_seed(0)
     module = CoVLR(stored, OPTIM, replace(world.info, backbones=RANDOM_BACKBONES), EVALUATION)
     assert module.image_uni_head.out_features == world.info.num_objects

@@ -18,8 +18,14 @@ def quadratic(alpha, second_order=False):
     theta = nn.Parameter(torch.tensor(THETA, dtype=torch.float64))
     a, b = torch.tensor(A, dtype=torch.float64), torch.tensor(B_TARGET, dtype=torch.float64)
     cro = 0.5 * (theta - a).square().sum()
-    step = meta_objective(cro, {"theta": theta}, ["theta"], lambda p: 0.5 * (p["theta"] - b).square().sum(),
-                          alpha, second_order=second_order)
+    step = meta_objective(
+        cro,
+        {"theta": theta},
+        ["theta"],
+        lambda p: 0.5 * (p["theta"] - b).square().sum(),
+        alpha,
+        second_order=second_order,
+    )
     step.loss.backward()
     return step, theta.grad
 
@@ -28,8 +34,8 @@ def test_toy_quadratic_first_order_gradient_is_the_closed_form():
     step, grad = quadratic(ALPHA)
     assert torch.allclose(grad, torch.tensor([-1.1, 0.8], dtype=torch.float64), atol=1e-12)
     assert step.inner.item() == pytest.approx(2.5)
-    assert step.outer.item() == pytest.approx(2.925)         # ℓ_uni(Θ') with Θ' = (0.9, 1.8)
-    assert step.loss.item() == pytest.approx(2.5 + 2.925)    # the value of Eq. 7
+    assert step.outer.item() == pytest.approx(2.925)  # ℓ_uni(Θ') with Θ' = (0.9, 1.8)
+    assert step.loss.item() == pytest.approx(2.5 + 2.925)  # the value of Eq. 7
     assert torch.allclose(step.inner_grads["theta"], torch.tensor([1.0, 2.0], dtype=torch.float64))
 
 
@@ -42,8 +48,12 @@ def test_toy_quadratic_second_order_matches_finite_differences_of_eq7():
         return 0.5 * theta.square().sum() + 0.5 * (inner - 3.0).square().sum()
 
     theta, eps = torch.tensor(THETA, dtype=torch.float64), 1e-6
-    numeric = torch.stack([(eq7(theta + eps * e) - eq7(theta - eps * e)) / (2 * eps)
-                           for e in torch.eye(2, dtype=torch.float64)])
+    numeric = torch.stack(
+        [
+            (eq7(theta + eps * e) - eq7(theta - eps * e)) / (2 * eps)
+            for e in torch.eye(2, dtype=torch.float64)
+        ]
+    )
     assert torch.allclose(grad, numeric, atol=1e-6)
 
 
@@ -55,8 +65,13 @@ def test_toy_quadratic_alpha_zero_is_the_plain_sum():
 def test_constant_meta_train_loss_leaves_the_virtual_parameters_in_place():
     theta = nn.Parameter(torch.tensor(THETA))
     seen = {}
-    meta_objective(torch.tensor(0.0), {"theta": theta}, ["theta"],
-                   lambda p: seen.setdefault("theta", p["theta"]).sum(), 0.5)
+    meta_objective(
+        torch.tensor(0.0),
+        {"theta": theta},
+        ["theta"],
+        lambda p: seen.setdefault("theta", p["theta"]).sum(),
+        0.5,
+    )
     assert torch.equal(seen["theta"], theta.detach())
 
 
@@ -166,7 +181,10 @@ def test_without_intra_modal_loss_only_the_consistency_gradient_remains():
     batch = training_batch()
     module = build(use_uni_img=False, use_uni_txt=False, meta_alpha=0.5)
     assert module.virtual_parameter_names() == []
-    assert not any(name.startswith(("image_uni_head", "text_uni_head")) for name, _ in module.named_parameters())
+    assert not any(
+        name.startswith(("image_uni_head", "text_uni_head"))
+        for name, _ in module.named_parameters()
+    )
     _, got = module_grads(module, batch)
     torch.manual_seed(1)
     module.zero_grad()

@@ -7,15 +7,31 @@ from pathlib import Path
 
 import torch
 from omegaconf import OmegaConf
+from worlds import RANDOM_BACKBONES
 
 from methods.covlr import CoVLR
-from worlds import RANDOM_BACKBONES
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "covlr.yaml"
 B, K, L, VOCAB, IMAGE, CLASSES = 8, 3, 16, 120, 32, 10
-OPTIM = OmegaConf.create({"lr": 1e-3, "weight_decay": 0.02, "betas": [0.9, 0.98], "eps": 1e-6,
-                          "warmup_steps": 2, "min_lr_ratio": 0.01})
-EVALUATION = OmegaConf.create({"ks": [1, 5, 10], "ndcg_k": 10, "unimodal_ndcg_ks": [10, 20, 50], "chunk_size": 1024, "rerank_k": 0})
+OPTIM = OmegaConf.create(
+    {
+        "lr": 1e-3,
+        "weight_decay": 0.02,
+        "betas": [0.9, 0.98],
+        "eps": 1e-6,
+        "warmup_steps": 2,
+        "min_lr_ratio": 0.01,
+    }
+)
+EVALUATION = OmegaConf.create(
+    {
+        "ks": [1, 5, 10],
+        "ndcg_k": 10,
+        "unimodal_ndcg_ks": [10, 20, 50],
+        "chunk_size": 1024,
+        "rerank_k": 0,
+    }
+)
 
 
 @dataclass
@@ -64,9 +80,14 @@ def training_batch(seed=0, batch=B, languages=K, absent=(), labels=True):
         present[instance, language] = False
         ids[instance, language] = Info.pad_token_id
         mask[instance, language] = 0
-    out = {"images": torch.randn(batch, 3, IMAGE, IMAGE, generator=gen), "input_ids": ids,
-           "attention_mask": mask, "present": present, "languages": list(Info.languages)[:languages],
-           "ids": [str(i) for i in range(batch)]}
+    out = {
+        "images": torch.randn(batch, 3, IMAGE, IMAGE, generator=gen),
+        "input_ids": ids,
+        "attention_mask": mask,
+        "present": present,
+        "languages": list(Info.languages)[:languages],
+        "ids": [str(i) for i in range(batch)],
+    }
     if labels:
         objects = (torch.rand(batch, CLASSES, generator=gen) < 0.3).long()
         objects[0] = 0  # one unlabelled image: masked out of the classification loss
@@ -77,7 +98,10 @@ def training_batch(seed=0, batch=B, languages=K, absent=(), labels=True):
 
 def grads(module):
     """Name -> gradient clone (zeros where a parameter got none)."""
-    return {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p)) for n, p in module.named_parameters()}
+    return {
+        n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+        for n, p in module.named_parameters()
+    }
 
 
 # ---- tests ----------------------------------------------------------------------------------------
@@ -86,6 +110,7 @@ import math  # noqa: E402
 
 import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
+from torch import nn  # noqa: E402
 
 import methods  # noqa: E402
 import methods.covlr as covlr  # noqa: E402
@@ -93,7 +118,6 @@ from methods.layers.augment import drop_tokens, flip_and_translate  # noqa: E402
 from methods.layers.contrastive import info_nce  # noqa: E402
 from methods.layers.intra_modal import soft_label_cross_entropy, view_info_nce  # noqa: E402
 from methods.layers.patch_masking import MaskedPatches, mask_patches  # noqa: E402
-from torch import nn  # noqa: E402
 
 
 def test_registered_under_covlr():
@@ -106,7 +130,9 @@ def test_training_step_reaches_every_parameter_and_logs_finite_terms():
         loss = module.training_step(training_batch(), 0)
         assert torch.isfinite(loss)
         loss.backward()
-        assert [n for n, p in module.named_parameters() if p.grad is None or p.grad.abs().sum() == 0] == []
+        assert [
+            n for n, p in module.named_parameters() if p.grad is None or p.grad.abs().sum() == 0
+        ] == []
 
 
 def test_itc_values_of_spec_8_5():
@@ -121,13 +147,18 @@ def test_itc_values_of_spec_8_5():
 
 def test_soft_label_cross_entropy_uses_the_normalised_multi_hot_target():
     labels = torch.tensor([[1, 1, 0, 0]])
-    assert soft_label_cross_entropy(torch.zeros(1, 4), labels).item() == pytest.approx(1.386294, abs=1e-6)
+    assert soft_label_cross_entropy(torch.zeros(1, 4), labels).item() == pytest.approx(
+        1.386294, abs=1e-6
+    )
     margin = torch.tensor([[50.0, 50.0, 0.0, 0.0]])
     assert soft_label_cross_entropy(margin, labels).item() == pytest.approx(math.log(2), abs=1e-6)
     # an unlabelled row is left out of the mean, not counted as zero loss
     both = soft_label_cross_entropy(torch.zeros(2, 4), torch.tensor([[1, 1, 0, 0], [0, 0, 0, 0]]))
     assert both.item() == pytest.approx(1.386294, abs=1e-6)
-    assert soft_label_cross_entropy(torch.zeros(2, 4, requires_grad=True), torch.zeros(2, 4)).item() == 0.0
+    assert (
+        soft_label_cross_entropy(torch.zeros(2, 4, requires_grad=True), torch.zeros(2, 4)).item()
+        == 0.0
+    )
 
 
 def test_patch_masking_rates_split_and_global_token():
@@ -139,7 +170,7 @@ def test_patch_masking_rates_split_and_global_token():
     assert not selected[:, 0].any()
     assert selected.any(1).all()  # at least one target per image
     rate = selected[:, 1:].float().mean().item()
-    assert abs(rate - (0.15 + 0.85 ** 16 * 1 / 16)) < 0.005  # 15 % plus the forced one of empty rows
+    assert abs(rate - (0.15 + 0.85**16 * 1 / 16)) < 0.005  # 15 % plus the forced one of empty rows
     is_mask = (masked.tokens == 99.0).all(-1) & selected
     kept = (masked.tokens == tokens).all(-1) & selected
     total = selected.sum().item()
@@ -156,9 +187,12 @@ def test_mpm_loss_is_the_mse_over_masked_positions_only(monkeypatch):
     selected[:, 3] = selected[0, 7] = True
 
     def fixed_mask(tokens_in, vector, probability):
-        return MaskedPatches(torch.where(selected[..., None], vector.expand_as(tokens_in), tokens_in), selected)
+        return MaskedPatches(
+            torch.where(selected[..., None], vector.expand_as(tokens_in), tokens_in), selected
+        )
 
     monkeypatch.setattr(covlr, "mask_patches", fixed_mask)
+
     class PassQueries(nn.Module):  # fused = the corrupted tokens
         def forward(self, queries, *context):
             return queries
@@ -170,9 +204,13 @@ def test_mpm_loss_is_the_mse_over_masked_positions_only(monkeypatch):
     assert loss.item() == pytest.approx(expected.item(), rel=1e-6)
     changed = tokens.clone()
     changed[~selected] += 5.0  # unmasked targets do not enter the loss
-    assert module.masked_patch_loss(changed, states, mask).item() == pytest.approx(loss.item(), rel=1e-6)
+    assert module.masked_patch_loss(changed, states, mask).item() == pytest.approx(
+        loss.item(), rel=1e-6
+    )
     changed[0, 7] += 5.0
-    assert module.masked_patch_loss(changed, states, mask).item() != pytest.approx(loss.item(), rel=1e-6)
+    assert module.masked_patch_loss(changed, states, mask).item() != pytest.approx(
+        loss.item(), rel=1e-6
+    )
 
 
 def test_flip_and_translate_moves_whole_pixels_with_zero_fill():
@@ -197,7 +235,9 @@ def test_drop_tokens_keeps_specials_and_order():
     ids = torch.tensor([[0, 10, 11, 12, 13, 2, 1, 1]])
     mask = torch.tensor([[1, 1, 1, 1, 1, 1, 0, 0]])
     out_ids, out_mask = drop_tokens(ids, mask, (0, 1, 2, 4), pad_token_id=1, probability=1.0)
-    assert out_ids.tolist() == [[0, 2, 1, 1, 1, 1, 1, 1]] and out_mask.tolist() == [[1, 1, 0, 0, 0, 0, 0, 0]]
+    assert out_ids.tolist() == [[0, 2, 1, 1, 1, 1, 1, 1]] and out_mask.tolist() == [
+        [1, 1, 0, 0, 0, 0, 0, 0]
+    ]
     same_ids, same_mask = drop_tokens(ids, mask, (0, 1, 2, 4), pad_token_id=1, probability=1e-9)
     assert torch.equal(same_ids, ids) and torch.equal(same_mask, mask)
 
@@ -256,35 +296,57 @@ def test_nce_views_are_the_augmented_images_and_another_languages_caption(monkey
             own = view.input_ids[row][view.attention_mask[row].bool()]
             assert set(kept.tolist()) <= set(own.tolist())
         else:
-            matches = [k for k in range(K) if torch.equal(view.positive_ids[row], batch["input_ids"][row, k, :view.positive_ids.shape[1]])]
-            drawn = [k for k in range(K) if torch.equal(view.input_ids[row], batch["input_ids"][row, k, :view.input_ids.shape[1]])]
+            matches = [
+                k
+                for k in range(K)
+                if torch.equal(
+                    view.positive_ids[row], batch["input_ids"][row, k, : view.positive_ids.shape[1]]
+                )
+            ]
+            drawn = [
+                k
+                for k in range(K)
+                if torch.equal(
+                    view.input_ids[row], batch["input_ids"][row, k, : view.input_ids.shape[1]]
+                )
+            ]
             assert matches and drawn and not set(matches) & set(drawn)
     params = dict(module.named_parameters())
     calls = record_calls(monkeypatch, "view_info_nce")
-    losses = module.intra_modal_losses(view, {n: params[n] for n in module.virtual_parameter_names()})
+    losses = module.intra_modal_losses(
+        view, {n: params[n] for n in module.virtual_parameter_names()}
+    )
     image = module.image_uni_head(module.image_tower(view.images)[:, 0])
     flipped = module.image_uni_head(module.image_tower(view.images.flip(-1))[:, 0])
-    assert losses["uni_img"].item() == pytest.approx(view_info_nce(image, flipped, 0.2).item(), abs=1e-6)
+    assert losses["uni_img"].item() == pytest.approx(
+        view_info_nce(image, flipped, 0.2).item(), abs=1e-6
+    )
     text = module.text_uni_head(module.text_tower(view.input_ids, view.attention_mask)[1])
     positive = module.text_uni_head(module.text_tower(view.positive_ids, view.positive_mask)[1])
-    assert losses["uni_txt"].item() == pytest.approx(view_info_nce(text, positive, 0.2).item(), abs=1e-5)
+    assert losses["uni_txt"].item() == pytest.approx(
+        view_info_nce(text, positive, 0.2).item(), abs=1e-5
+    )
     assert len(calls) == 2  # one image and one text NCE, nothing else
 
 
 # ---- ablation switches: each changes what is computed ---------------------------------------------------
 
 
-@pytest.mark.parametrize("switch, absent_terms, absent_modules", [
-    ({"use_mlm": False}, {"mlm"}, {"cross_i2t", "mlm_head"}),
-    ({"use_mpm": False}, {"mpm"}, {"cross_t2i", "mpm_head", "mask_vector"}),
-    ({"use_uni_img": False}, {"uni_img"}, {"image_uni_head"}),
-    ({"use_uni_txt": False}, {"uni_txt"}, {"text_uni_head"}),
-])
+@pytest.mark.parametrize(
+    "switch, absent_terms, absent_modules",
+    [
+        ({"use_mlm": False}, {"mlm"}, {"cross_i2t", "mlm_head"}),
+        ({"use_mpm": False}, {"mpm"}, {"cross_t2i", "mpm_head", "mask_vector"}),
+        ({"use_uni_img": False}, {"uni_img"}, {"image_uni_head"}),
+        ({"use_uni_txt": False}, {"uni_txt"}, {"text_uni_head"}),
+    ],
+)
 def test_ablation_switch_removes_its_term_and_modules(switch, absent_terms, absent_modules):
     full, ablated = build(), build(**switch)
     view = full.training_view(training_batch())
     terms = set(ablated.cross_modal_losses(view)) | set(
-        ablated.intra_modal_losses(view, dict(ablated.named_parameters())))
+        ablated.intra_modal_losses(view, dict(ablated.named_parameters()))
+    )
     all_terms = {"itc", "mlm", "mpm", "uni_img", "uni_txt"}
     assert terms == all_terms - absent_terms
     tops = {name.split(".")[0] for name, _ in ablated.named_parameters()}
@@ -311,7 +373,9 @@ def test_evaluation_encodes_every_caption_in_one_padded_call():
     batch = training_batch()
     ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
     shapes = []
-    module.text_tower.register_forward_hook(lambda m, args, out: shapes.append(tuple(args[0].shape)))
+    module.text_tower.register_forward_hook(
+        lambda m, args, out: shapes.append(tuple(args[0].shape))
+    )
     with torch.no_grad():
         module.encode_texts(ids, mask)
     assert shapes == [tuple(ids.shape)]

@@ -37,14 +37,21 @@ class CountingScorer:
 
 
 def naive_matrix(scorer):
-    return torch.stack([torch.stack([scorer.one_pair(i, c) for c in range(N_CAPTIONS)])
-                        for i in range(N_IMAGES)])
+    return torch.stack(
+        [torch.stack([scorer.one_pair(i, c) for c in range(N_CAPTIONS)]) for i in range(N_IMAGES)]
+    )
 
 
-@pytest.mark.parametrize("caption_chunk,pair_batch", [(1, 1), (3, 5), (4, 7), (11, 77), (100, 1000)])
-def test_every_pair_equals_scoring_one_pair_at_a_time_whatever_the_chunks(caption_chunk, pair_batch):
+@pytest.mark.parametrize(
+    "caption_chunk,pair_batch", [(1, 1), (3, 5), (4, 7), (11, 77), (100, 1000)]
+)
+def test_every_pair_equals_scoring_one_pair_at_a_time_whatever_the_chunks(
+    caption_chunk, pair_batch
+):
     scorer = CountingScorer()
-    matrix = score_matrix(scorer, N_IMAGES, N_CAPTIONS, caption_chunk=caption_chunk, pair_batch=pair_batch)
+    matrix = score_matrix(
+        scorer, N_IMAGES, N_CAPTIONS, caption_chunk=caption_chunk, pair_batch=pair_batch
+    )
     assert matrix.shape == (N_IMAGES, N_CAPTIONS) and matrix.dtype == torch.float32
     assert max(scorer.calls) <= pair_batch and max(scorer.blocks) <= caption_chunk
     assert sum(scorer.calls) == N_IMAGES * N_CAPTIONS  # each pair scored once
@@ -65,7 +72,9 @@ def test_top_k_rescoring_is_the_same_scorer_restricted_to_the_candidates(caption
 
 def test_chunk_sizes_below_one_are_an_error():
     with pytest.raises(ValueError, match="caption_chunk .0. and pair_batch .4. must be >= 1"):
-        score_pairs(CountingScorer(), torch.tensor([0]), torch.tensor([0]), caption_chunk=0, pair_batch=4)
+        score_pairs(
+            CountingScorer(), torch.tensor([0]), torch.tensor([0]), caption_chunk=0, pair_batch=4
+        )
 
 
 def test_the_metrics_rank_a_score_matrix_as_they_rank_the_embeddings_it_came_from():
@@ -76,18 +85,38 @@ def test_the_metrics_rank_a_score_matrix_as_they_rank_the_embeddings_it_came_fro
     caption_image = torch.arange(6).repeat(2)
     text_emb = image_emb[caption_image] + torch.randint(-2, 3, (12, 4), generator=gen).float()
     languages, ids = ["en"] * 6 + ["de"] * 6, [str(i) for i in range(6)]
-    from_embeddings = metrics.retrieval_report(image_emb, text_emb, caption_image, languages, ids, ks=(1, 3),
-                                               chunk_size=4)
-    from_matrix = metrics.retrieval_report(image_emb, text_emb, caption_image, languages, ids, ks=(1, 3),
-                                           chunk_size=4, pair_scores=image_emb @ text_emb.T)
+    from_embeddings = metrics.retrieval_report(
+        image_emb, text_emb, caption_image, languages, ids, ks=(1, 3), chunk_size=4
+    )
+    from_matrix = metrics.retrieval_report(
+        image_emb,
+        text_emb,
+        caption_image,
+        languages,
+        ids,
+        ks=(1, 3),
+        chunk_size=4,
+        pair_scores=image_emb @ text_emb.T,
+    )
     assert from_matrix == from_embeddings
-    flipped = metrics.retrieval_report(image_emb, text_emb, caption_image, languages, ids, ks=(1, 3),
-                                       chunk_size=4, pair_scores=-(image_emb @ text_emb.T))
-    assert flipped["mR"] < from_embeddings["mR"]  # the matrix, not the embeddings, is what is ranked
+    flipped = metrics.retrieval_report(
+        image_emb,
+        text_emb,
+        caption_image,
+        languages,
+        ids,
+        ks=(1, 3),
+        chunk_size=4,
+        pair_scores=-(image_emb @ text_emb.T),
+    )
+    assert (
+        flipped["mR"] < from_embeddings["mR"]
+    )  # the matrix, not the embeddings, is what is ranked
 
 
 def test_a_score_matrix_of_the_wrong_shape_is_an_error():
     emb = torch.eye(3)
     with pytest.raises(ValueError, match=r"pair_scores has shape \(3, 2\), expected \(3, 3\)"):
-        metrics.retrieval_report(emb, emb, torch.arange(3), ["en"] * 3, ["a", "b", "c"],
-                                 pair_scores=torch.zeros(3, 2))
+        metrics.retrieval_report(
+            emb, emb, torch.arange(3), ["en"] * 3, ["a", "b", "c"], pair_scores=torch.zeros(3, 2)
+        )

@@ -10,10 +10,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 from PIL import Image
-from datamodules.datamodule import EpochSampler
 
 from datamodules import synthetic
-from datamodules.datamodule import CCRDataModule
+from datamodules.datamodule import CCRDataModule, EpochSampler
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments/configs/data/synthetic.yaml"
 LANGUAGES = ["en", "de", "fr", "cs", "ja", "zh"]
@@ -119,7 +118,9 @@ def test_eval_view_indexes_every_caption(dm):
     assert view.languages == LANGUAGES
     assert len(view.caption_language) == view.caption_image.shape[0] == 10 * 6 * 5
     assert view.caption_image.dtype == torch.long
-    for text, image, lang in zip(view.captions, view.caption_image.tolist(), view.caption_language, strict=True):
+    for text, image, lang in zip(
+        view.captions, view.caption_image.tolist(), view.caption_language, strict=True
+    ):
         assert text in records[image].captions[lang]
     assert view.relevance.shape == (10, 10) and torch.allclose(
         view.relevance.diag(), torch.ones(10)
@@ -149,7 +150,10 @@ def test_a_sliced_split_evaluates_its_first_records_only(dm, tmp_path):
     assert torch.equal(view.caption_image, full.caption_image[keep])
     assert torch.equal(view.relevance, full.relevance[:4, :4])
     assert len(sliced.records("train")) == len(dm.records("train"))
-    assert torch.equal(sliced.tokenizer(["a red circle"], 12)["input_ids"], dm.tokenizer(["a red circle"], 12)["input_ids"])
+    assert torch.equal(
+        sliced.tokenizer(["a red circle"], 12)["input_ids"],
+        dm.tokenizer(["a red circle"], 12)["input_ids"],
+    )
 
 
 def _batches(loaders):
@@ -170,9 +174,14 @@ def test_an_image_budget_evaluates_exactly_what_sliced_val_and_test_splits_evalu
         got, want = budget.eval_view(role), sliced.eval_view(role)
         assert got.image_ids == want.image_ids == dm.eval_view(role).image_ids[:4]
         assert (got.captions, got.caption_language) == (want.captions, want.caption_language)
-        assert torch.equal(got.caption_image, want.caption_image) and torch.equal(got.relevance, want.relevance)
-    for got, want in zip(_batches(budget.val_dataloader() + budget.test_dataloader()),
-                         _batches(sliced.val_dataloader() + sliced.test_dataloader()), strict=True):
+        assert torch.equal(got.caption_image, want.caption_image) and torch.equal(
+            got.relevance, want.relevance
+        )
+    for got, want in zip(
+        _batches(budget.val_dataloader() + budget.test_dataloader()),
+        _batches(sliced.val_dataloader() + sliced.test_dataloader()),
+        strict=True,
+    ):
         assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
     assert len(budget.records("train")) == len(dm.records("train")) == 32
 
@@ -203,8 +212,10 @@ def test_the_run_datamodule_takes_the_image_budget_from_the_evaluation_section(m
     assert made == [{"eval_max_images": 100}, {"eval_max_images": None}]
 
 
-@pytest.mark.parametrize("spec, error", [("test[:0]", "N >= 1"), ("test[1:]", "optionally with"),
-                                         ("test[:11]", "has only 10 records")])
+@pytest.mark.parametrize(
+    "spec, error",
+    [("test[:0]", "N >= 1"), ("test[1:]", "optionally with"), ("test[:11]", "has only 10 records")],
+)
 def test_a_bad_split_slice_is_a_one_line_error_naming_the_key(dm, spec, error):
     cfg = dm.cfg.copy()
     cfg.splits.test = spec
@@ -228,8 +239,10 @@ def test_parallel_view_pairs_translations_one_pair_per_batch(dm):
     pairs = {(src, tgt) for src, tgt, _ in dataset.batches}
     assert pairs == {p for lang in LANGUAGES[1:] for p in (("en", lang), (lang, "en"))}
     corpus = synthetic.parallel_text_dir(Path(dm.image_root).parent / synthetic.PRETRAIN)
-    lines = {lang: (corpus / f"{lang}.txt").read_text(encoding="utf-8").splitlines()
-             for lang in LANGUAGES}
+    lines = {
+        lang: (corpus / f"{lang}.txt").read_text(encoding="utf-8").splitlines()
+        for lang in LANGUAGES
+    }
     translations = {(src, tgt): set(zip(lines[src], lines[tgt], strict=True)) for src, tgt in pairs}
     for src, tgt, texts in dataset.batches:
         assert 0 < len(texts) <= 8 and set(texts) <= translations[src, tgt]
@@ -332,11 +345,17 @@ def test_seeded_items_draw_from_the_item_seed_and_leave_accelerator_rngs_alone(m
     reseeded = []
     for module in (torch.cuda, torch.xpu, torch.mtia):  # what torch.manual_seed also reseeds
         if hasattr(module, "manual_seed_all"):
-            monkeypatch.setattr(module, "manual_seed_all", lambda seed, m=module: reseeded.append(m))
+            monkeypatch.setattr(
+                module, "manual_seed_all", lambda seed, m=module: reseeded.append(m)
+            )
     items = SeededItems(_Draws(), seed=3)
     before = torch.get_rng_state()
     drawn = items[(2, 4)]
-    expected = torch.rand(4, generator=torch.Generator().manual_seed((3 * 1_000_003 + 2) * 1_000_033 + 4))
-    assert torch.equal(drawn, expected)  # the (seed, epoch, index) stream: resumes and old runs agree
+    expected = torch.rand(
+        4, generator=torch.Generator().manual_seed((3 * 1_000_003 + 2) * 1_000_033 + 4)
+    )
+    assert torch.equal(
+        drawn, expected
+    )  # the (seed, epoch, index) stream: resumes and old runs agree
     assert torch.equal(torch.get_rng_state(), before)  # the caller's CPU RNG is restored
     assert reseeded == []  # a GPU run's dropout RNG is not reseeded by every item loaded

@@ -14,34 +14,56 @@ import sys
 from pathlib import Path
 
 import pytest
+from worlds import QUICK_BACKBONES
 
 import methods
-from worlds import QUICK_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = [
     *QUICK_BACKBONES,
-    "data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=15",
+    "data.synthetic.num_train=48",
+    "data.synthetic.num_val=12",
+    "data.synthetic.num_test=15",
     "data.synthetic.num_pretrain=48",
-    "data.synthetic.coverage.ja=0.03", "data.batch_size=8", "data.eval_batch_size=6",
-    "data.tokenizer.vocab_size=400", "data.languages=[en,de,ja]", "data.num_workers=0",
+    "data.synthetic.coverage.ja=0.03",
+    "data.batch_size=8",
+    "data.eval_batch_size=6",
+    "data.tokenizer.vocab_size=400",
+    "data.languages=[en,de,ja]",
+    "data.num_workers=0",
 ]
 # Stage 1b runs one epoch of its 62 parallel batches of 8 pairs (31 per process; no token counting
 # or pair sampling), so the short ones come up; TriKD runs one epoch (3 steps) on en and ja, which
 # is the translate-train protocol.
 STAGES = {
-    "mclip": ["method.teacher.max_steps=2", "method.translation.nmt.max_steps=2",
-              "method.translation.ctl.max_steps=31", "method.translation.max_tokens=null",
-              "method.translation.sampling_beta=null", "method.trikd.max_steps=3",
-              "method.trikd.languages=[en,ja]", "protocol=translate-train"],
-    "rc3": ["method.pretrain.max_steps=3", "method.finetune.max_steps=3", "method.backbone.pretrained=null"],  # pre-training, then ITR fine-tuning
+    "mclip": [
+        "method.teacher.max_steps=2",
+        "method.translation.nmt.max_steps=2",
+        "method.translation.ctl.max_steps=31",
+        "method.translation.max_tokens=null",
+        "method.translation.sampling_beta=null",
+        "method.trikd.max_steps=3",
+        "method.trikd.languages=[en,ja]",
+        "protocol=translate-train",
+    ],
+    "rc3": [
+        "method.pretrain.max_steps=3",
+        "method.finetune.max_steps=3",
+        "method.backbone.pretrained=null",
+    ],  # pre-training, then ITR fine-tuning
 }
 
 
 def cli(module, *args, timeout=420):
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    done = subprocess.run([sys.executable, "-m", module, *args], cwd=REPO, env=env, timeout=timeout,
-                          capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", module, *args],
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 0, f"{module} failed:\n{done.stderr[-3000:]}"
 
 
@@ -50,14 +72,32 @@ def cli(module, *args, timeout=420):
 def test_ddp_training_scores_equal_a_one_process_rescoring(method, tmp_path_factory):
     runs = tmp_path_factory.mktemp("ddp_runs")
     world = tmp_path_factory.getbasetemp() / "ddp_world"
-    cli("experiments.train", f"method={method}", f"data.root={world}", f"run_dir={runs}", "run_id=ddp",
-        "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp", "trainer.cpu_threads=1",
-        "trainer.max_steps=3", "trainer.progress_refresh_rate=0", *WORLD, *STAGES.get(method, []))
+    cli(
+        "experiments.train",
+        f"method={method}",
+        f"data.root={world}",
+        f"run_dir={runs}",
+        "run_id=ddp",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "trainer.cpu_threads=1",
+        "trainer.max_steps=3",
+        "trainer.progress_refresh_rate=0",
+        *WORLD,
+        *STAGES.get(method, []),
+    )
     run_dir = runs / "synthetic" / method / "ddp"
     trained = json.loads((run_dir / "metrics.json").read_text())
-    cli("experiments.evaluate", f"ckpt={trained['checkpoint']}", "trainer.devices=1",
-        "trainer.strategy=auto")
-    rescored = json.loads((run_dir / "eval" / f"test-{trained['scorer']}" / "metrics.json").read_text())
+    cli(
+        "experiments.evaluate",
+        f"ckpt={trained['checkpoint']}",
+        "trainer.devices=1",
+        "trainer.strategy=auto",
+    )
+    rescored = json.loads(
+        (run_dir / "eval" / f"test-{trained['scorer']}" / "metrics.json").read_text()
+    )
 
     unimodal = {key for key in trained["metrics"] if key.startswith(("i2i/", "t2t/"))}
     assert trained["metrics"].keys() == rescored["metrics"].keys() and len(unimodal) == 6
@@ -73,13 +113,31 @@ def _ddp_clip(runs, world, run_id, *extra, script=("-m", "experiments.train"), t
     an epoch, a checkpoint every 3 (each on an epoch boundary) and a validation every epoch. A
     loader worker, as in the presets: it draws the epoch's order as soon as its iterator starts."""
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    argv = ["method=clip", f"data.root={world}", f"run_dir={runs}", f"run_id={run_id}",
-            "trainer.accelerator=cpu", "trainer.devices=2", "trainer.strategy=ddp",
-            "trainer.cpu_threads=1", "trainer.max_steps=6", "trainer.checkpoint_every_n_steps=3",
-            "trainer.check_val_every_n_epoch=1", "trainer.progress_refresh_rate=0", *WORLD,
-            "data.num_workers=1", *extra]
-    return subprocess.run([sys.executable, *script, *argv], cwd=REPO, env=env, timeout=timeout,
-                          capture_output=True, text=True)
+    argv = [
+        "method=clip",
+        f"data.root={world}",
+        f"run_dir={runs}",
+        f"run_id={run_id}",
+        "trainer.accelerator=cpu",
+        "trainer.devices=2",
+        "trainer.strategy=ddp",
+        "trainer.cpu_threads=1",
+        "trainer.max_steps=6",
+        "trainer.checkpoint_every_n_steps=3",
+        "trainer.check_val_every_n_epoch=1",
+        "trainer.progress_refresh_rate=0",
+        *WORLD,
+        "data.num_workers=1",
+        *extra,
+    ]
+    return subprocess.run(
+        [sys.executable, *script, *argv],
+        cwd=REPO,
+        env=env,
+        timeout=timeout,
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.mark.slow
@@ -89,8 +147,9 @@ def test_a_ddp_run_resumed_on_an_epoch_boundary_equals_the_uninterrupted_run(tmp
     whole = _ddp_clip(runs, world, "whole")
     assert whole.returncode == 0, whole.stderr[-3000:]
     # both processes kill themselves as their 5th batch starts: the last checkpoint is step 3's
-    killed = _ddp_clip(runs, world, "cut", script=(str(REPO / "tests" / "interrupted_train.py"),
-                                                   "KILL", "5"))
+    killed = _ddp_clip(
+        runs, world, "cut", script=(str(REPO / "tests" / "interrupted_train.py"), "KILL", "5")
+    )
     assert killed.returncode != 0
     resumed = _ddp_clip(runs, world, "cut", "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-3000:]

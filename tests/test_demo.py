@@ -17,19 +17,23 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from browser import render, requires_chromium
+from worlds import QUICK_BACKBONES
+
 from demo.__main__ import main as demo_main
 from demo.index import RetrievalIndex, language_rank_blocks, load_index
 from experiments.config import ConfigError, compose
 from experiments.train import train
 from metrics import functional, retrieval_report
-from worlds import QUICK_BACKBONES
 
 TINY_WORLD = [
     *QUICK_BACKBONES,
-    "data.synthetic.num_train=32", "data.synthetic.num_val=8", "data.synthetic.num_test=12",
-    "data.batch_size=8", "data.eval_batch_size=8", "data.tokenizer.vocab_size=300",
+    "data.synthetic.num_train=32",
+    "data.synthetic.num_val=8",
+    "data.synthetic.num_test=12",
+    "data.batch_size=8",
+    "data.eval_batch_size=8",
+    "data.tokenizer.vocab_size=300",
     "data.languages=[en,de,ja]",
 ]
 CLIENT_TIMEOUT_S = 60
@@ -42,11 +46,20 @@ REPO = Path(__file__).resolve().parents[1]
 def run(tmp_path_factory):
     """(metrics.json of a 3-step clip run, its checkpoint)."""
     root = tmp_path_factory.mktemp("demo")
-    run_dir = train(compose([
-        "method=clip", f"data.root={root / 'world'}", f"run_dir={root / 'runs'}", "run_id=tiny",
-        "trainer.max_steps=3", "trainer.log_every_n_steps=1", "trainer.progress_refresh_rate=0",
-        *TINY_WORLD,
-    ]))
+    run_dir = train(
+        compose(
+            [
+                "method=clip",
+                f"data.root={root / 'world'}",
+                f"run_dir={root / 'runs'}",
+                "run_id=tiny",
+                "trainer.max_steps=3",
+                "trainer.log_every_n_steps=1",
+                "trainer.progress_refresh_rate=0",
+                *TINY_WORLD,
+            ]
+        )
+    )
     result = json.loads((run_dir / "metrics.json").read_text())
     return result, Path(result["checkpoint"])
 
@@ -70,11 +83,17 @@ def captions_of(index: RetrievalIndex, language: str) -> torch.Tensor:
 
 # ---- the index against the run's metrics ---------------------------------------------------------
 
+
 @pytest.mark.slow
 def test_index_embeddings_reproduce_the_runs_metrics(run, index):
     metrics = run[0]["metrics"]
-    report = retrieval_report(index.image_emb, index.text_emb, index.caption_image,
-                              index.caption_language, index.image_ids)
+    report = retrieval_report(
+        index.image_emb,
+        index.text_emb,
+        index.caption_image,
+        index.caption_language,
+        index.image_ids,
+    )
     assert {key: metrics[key] for key in report} == report
 
 
@@ -84,11 +103,15 @@ def test_index_rank_blocks_are_the_ranks_behind_the_recalls(run, index):
     for lang in ("en", "de", "ja"):
         i2t = index.i2t_blocks[lang]
         for k in (1, 5, 10):
-            assert functional.recall_at_k(index.t2i_blocks[captions_of(index, lang)], k) == metrics[f"{lang}/t2i/R@{k}"]
+            assert (
+                functional.recall_at_k(index.t2i_blocks[captions_of(index, lang)], k)
+                == metrics[f"{lang}/t2i/R@{k}"]
+            )
             assert functional.recall_at_k(i2t[i2t[:, 0] >= 0], k) == metrics[f"{lang}/i2t/R@{k}"]
 
 
 # ---- search and translations against a dense brute force ----------------------------------------
+
 
 @pytest.mark.slow
 def test_search_ranks_every_image_as_a_dense_ranking_does(index):
@@ -125,11 +148,18 @@ def test_translations_are_every_caption_of_the_image_with_dense_ranks(index):
     caption = 61
     image = int(index.caption_image[caption])
     rows = index.translations(caption)
-    assert sorted(row.caption for row in rows) == (index.caption_image == image).nonzero().squeeze(1).tolist()
-    assert [row.language for row in rows] == sorted((row.language for row in rows), key=index.languages.index)
+    assert (
+        sorted(row.caption for row in rows)
+        == (index.caption_image == image).nonzero().squeeze(1).tolist()
+    )
+    assert [row.language for row in rows] == sorted(
+        (row.language for row in rows), key=index.languages.index
+    )
     for row in rows:
         assert row.text == index.captions[row.caption]
-        assert row.image_rank == brute_rank(index.image_emb @ index.text_emb[row.caption], torch.tensor([image]))
+        assert row.image_rank == brute_rank(
+            index.image_emb @ index.text_emb[row.caption], torch.tensor([image])
+        )
         same_language = captions_of(index, row.language)
         owners = index.caption_image[same_language]
         scores = index.text_emb[same_language] @ index.image_emb[image]
@@ -139,44 +169,65 @@ def test_translations_are_every_caption_of_the_image_with_dense_ranks(index):
 def constant_index(num_images: int = 5) -> RetrievalIndex:
     """An index whose model maps every image to one embedding: every image ties with every other."""
     image_emb = torch.nn.functional.normalize(torch.ones(num_images, 4), dim=1)
-    text_emb = torch.nn.functional.normalize(torch.randn(2 * num_images, 4, generator=torch.Generator().manual_seed(0)), dim=1)
+    text_emb = torch.nn.functional.normalize(
+        torch.randn(2 * num_images, 4, generator=torch.Generator().manual_seed(0)), dim=1
+    )
     caption_image = torch.arange(num_images).repeat(2)
     languages = ["en"] * num_images + ["de"] * num_images
-    t2i, i2t = language_rank_blocks(image_emb, text_emb, caption_image, languages, ["en", "de"],
-                                    chunk_size=2, ndcg_k=3)
+    t2i, i2t = language_rank_blocks(
+        image_emb, text_emb, caption_image, languages, ["en", "de"], chunk_size=2, ndcg_k=3
+    )
     return RetrievalIndex(
-        checkpoint=Path("constant.ckpt"), split="test", scorer_note=None,
+        checkpoint=Path("constant.ckpt"),
+        split="test",
+        scorer_note=None,
         image_ids=[f"img{i}" for i in range(num_images)],
         image_paths=[Path(f"img{i}.png") for i in range(num_images)],
-        captions=[f"caption {i}" for i in range(2 * num_images)], caption_image=caption_image,
-        caption_language=languages, languages=["en", "de"], image_emb=image_emb, text_emb=text_emb,
-        t2i_blocks=t2i, i2t_blocks=i2t, encode_queries=lambda texts: text_emb[:len(texts)], chunk_size=2,
+        captions=[f"caption {i}" for i in range(2 * num_images)],
+        caption_image=caption_image,
+        caption_language=languages,
+        languages=["en", "de"],
+        image_emb=image_emb,
+        text_emb=text_emb,
+        t2i_blocks=t2i,
+        i2t_blocks=i2t,
+        encode_queries=lambda texts: text_emb[: len(texts)],
+        chunk_size=2,
     )
 
 
 def test_a_constant_model_ties_every_image_at_the_mean_place():
     index = constant_index(5)
     hits = index.search("anything", 5)
-    assert [hit.rank for hit in hits] == [3.0] * 5          # places 1..5 shared: mean 3
-    assert [hit.image for hit in hits] == [0, 1, 2, 3, 4]   # ties listed in index order
-    report = retrieval_report(index.image_emb, index.text_emb, index.caption_image,
-                              index.caption_language, index.image_ids)
+    assert [hit.rank for hit in hits] == [3.0] * 5  # places 1..5 shared: mean 3
+    assert [hit.image for hit in hits] == [0, 1, 2, 3, 4]  # ties listed in index order
+    report = retrieval_report(
+        index.image_emb,
+        index.text_emb,
+        index.caption_image,
+        index.caption_language,
+        index.image_ids,
+    )
     for row in index.translations(2):
         assert row.image_rank == 3.0 == report[f"{row.language}/t2i/MeanR"]
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda index: index.search("   ", 3), "type a query"),
-    (lambda index: index.search("x", 0), "k must be between 1 and 5"),
-    (lambda index: index.search("x", 6), "k must be between 1 and 5"),
-    (lambda index: index.translations(10), "caption 10 out of range"),
-])
+@pytest.mark.parametrize(
+    "call, message",
+    [
+        (lambda index: index.search("   ", 3), "type a query"),
+        (lambda index: index.search("x", 0), "k must be between 1 and 5"),
+        (lambda index: index.search("x", 6), "k must be between 1 and 5"),
+        (lambda index: index.translations(10), "caption 10 out of range"),
+    ],
+)
 def test_bad_requests_are_one_line_errors(call, message):
     with pytest.raises(ValueError, match=message):
         call(constant_index(5))
 
 
 # ---- loading and the command line ---------------------------------------------------------------
+
 
 def test_a_file_that_is_no_checkpoint_is_named(tmp_path):
     bad = tmp_path / "last.ckpt"
@@ -191,11 +242,14 @@ def test_a_split_other_than_val_or_test_is_refused(run):
         load_index(run[1], split="train")
 
 
-@pytest.mark.parametrize("args, message", [
-    ([], "usage: python -m demo ckpt=PATH"),
-    (["ckpt=missing.ckpt"], "checkpoint missing.ckpt does not exist"),
-    (["ckpt=x.ckpt", "port=http"], "port must be a whole number, got 'http'"),
-])
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        ([], "usage: python -m demo ckpt=PATH"),
+        (["ckpt=missing.ckpt"], "checkpoint missing.ckpt does not exist"),
+        (["ckpt=x.ckpt", "port=http"], "port must be a whole number, got 'http'"),
+    ],
+)
 def test_cli_errors_are_one_line_with_status_2(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
         demo_main(args)
@@ -217,15 +271,19 @@ def test_a_port_in_use_is_refused_before_the_checkpoint_is_read_or_encoded(tmp_p
     assert exit_info.value.code == 2
     assert capsys.readouterr().err.strip() == (
         f"error: port {port} on 127.0.0.1 is in use (another demo or server?); choose a free one "
-        "with port=<number>")
+        "with port=<number>"
+    )
 
 
 def test_without_the_demo_extra_the_command_says_how_to_install_it(tmp_path, monkeypatch, capsys):
     import demo.__main__ as command
 
     real_find_spec = command.importlib.util.find_spec
-    monkeypatch.setattr(command.importlib.util, "find_spec",
-                        lambda name, *rest: None if name == "gradio" else real_find_spec(name, *rest))
+    monkeypatch.setattr(
+        command.importlib.util,
+        "find_spec",
+        lambda name, *rest: None if name == "gradio" else real_find_spec(name, *rest),
+    )
     ckpt = tmp_path / "last.ckpt"
     ckpt.write_bytes(b"")
     with pytest.raises(SystemExit):
@@ -234,6 +292,7 @@ def test_without_the_demo_extra_the_command_says_how_to_install_it(tmp_path, mon
 
 
 # ---- the Gradio app ------------------------------------------------------------------------------
+
 
 def free_port() -> int:
     with socket.socket() as probe:
@@ -263,21 +322,27 @@ def test_gradio_client_gets_the_index_numbers(served, tmp_path):
     client_module = pytest.importorskip("gradio_client", reason=MISSING_EXTRA)
     url, index = served
     assert url.startswith("http://127.0.0.1:")
-    client = client_module.Client(url, verbose=False, download_files=str(tmp_path),
-                                  httpx_kwargs={"timeout": CLIENT_TIMEOUT_S})
+    client = client_module.Client(
+        url, verbose=False, download_files=str(tmp_path), httpx_kwargs={"timeout": CLIENT_TIMEOUT_S}
+    )
 
     text = index.captions[5]
     gallery, table = client.predict(text, 4, api_name="/search")
     hits = index.search(text, 4)
     assert table["headers"] == ["rank", "image", "score"]
     assert table["data"] == [[hit.rank, hit.image_id, hit.score] for hit in hits]
-    assert [item["caption"] for item in gallery] == [f"#{hit.rank:g} {hit.image_id} ({hit.score:.4f})" for hit in hits]
-    assert [Path(item["image"]).read_bytes() for item in gallery] == [hit.path.read_bytes() for hit in hits]
+    assert [item["caption"] for item in gallery] == [
+        f"#{hit.rank:g} {hit.image_id} ({hit.score:.4f})" for hit in hits
+    ]
+    assert [Path(item["image"]).read_bytes() for item in gallery] == [
+        hit.path.read_bytes() for hit in hits
+    ]
 
     image, ranks = client.predict(62, api_name="/caption_ranks")
     assert Path(image).read_bytes() == index.image_paths[int(index.caption_image[62])].read_bytes()
-    assert ranks["data"] == [[row.language, row.text, row.image_rank, row.caption_rank]
-                             for row in index.translations(62)]
+    assert ranks["data"] == [
+        [row.language, row.text, row.image_rank, row.caption_rank] for row in index.translations(62)
+    ]
 
     with pytest.raises(Exception, match="type a query"):
         client.predict("  ", 4, api_name="/search")
@@ -297,7 +362,9 @@ def test_the_page_renders_in_headless_chromium_without_console_errors(served, tm
 def wait_until_served(url: str, process: subprocess.Popen, deadline: float) -> None:
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise AssertionError(f"python -m demo exited with {process.returncode}: {process.stderr.read()[-2000:]}")
+            raise AssertionError(
+                f"python -m demo exited with {process.returncode}: {process.stderr.read()[-2000:]}"
+            )
         try:
             with urllib.request.urlopen(url, timeout=5):
                 return
@@ -312,17 +379,26 @@ def test_the_command_serves_the_checkpoint_on_localhost(run, index, tmp_path):
     client_module = pytest.importorskip("gradio_client", reason=MISSING_EXTRA)
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "demo", f"ckpt={run[1]}", f"port={port}", "k=3"], cwd=REPO,
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+        [sys.executable, "-m", "demo", f"ckpt={run[1]}", f"port={port}", "k=3"],
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
         text=True,
     )
     try:
         url = f"http://127.0.0.1:{port}/"
         wait_until_served(url, process, time.monotonic() + START_TIMEOUT_S)
-        client = client_module.Client(url, verbose=False, download_files=str(tmp_path),
-                                      httpx_kwargs={"timeout": CLIENT_TIMEOUT_S})
+        client = client_module.Client(
+            url,
+            verbose=False,
+            download_files=str(tmp_path),
+            httpx_kwargs={"timeout": CLIENT_TIMEOUT_S},
+        )
         _, table = client.predict(index.captions[1], 5, api_name="/search")
-        assert table["data"] == [[hit.rank, hit.image_id, hit.score] for hit in index.search(index.captions[1], 5)]
+        assert table["data"] == [
+            [hit.rank, hit.image_id, hit.score] for hit in index.search(index.captions[1], 5)
+        ]
     finally:
         process.terminate()
         process.wait(timeout=30)

@@ -2,7 +2,6 @@
 failed or impossible install never fails CI; ``make test`` runs in every case and its status is
 CI's. Every command the script calls is a stub on a private PATH."""
 
-import os
 import shutil
 import stat
 import subprocess
@@ -16,7 +15,7 @@ TOOLS = ("bash", "dirname")  # the real programs the script needs besides the st
 
 def stub(folder: Path, name: str, body: str) -> None:
     path = folder / name
-    path.write_text(f"#!/bin/bash\necho \"{name} $*\" >> \"$CALLS\"\n{body}\n")
+    path.write_text(f'#!/bin/bash\necho "{name} $*" >> "$CALLS"\n{body}\n')
     path.chmod(path.stat().st_mode | stat.S_IXUSR)
 
 
@@ -33,21 +32,34 @@ def run_ci(tmp_path: Path, *, uid: int, apt: str | None, chromium: bool, make_st
     if chromium:
         stub(bin_dir, "chromium", "")
     if apt == "works":  # installing puts a chromium on PATH
-        stub(bin_dir, "apt-get", f'[ "$1" = install ] && printf "#!/bin/bash\\n" > {bin_dir}/chromium '
-                                 f'&& chmod +x {bin_dir}/chromium; exit 0')
+        stub(
+            bin_dir,
+            "apt-get",
+            f'[ "$1" = install ] && printf "#!/bin/bash\\n" > {bin_dir}/chromium '
+            f"&& chmod +x {bin_dir}/chromium; exit 0",
+        )
     elif apt == "fails":
         stub(bin_dir, "apt-get", "echo 'E: Unable to locate package chromium' >&2; exit 100")
     calls = tmp_path / "calls"
     calls.touch()
-    done = subprocess.run(["bash", str(repo / ".ci" / "run")], env={"PATH": str(bin_dir), "CALLS": str(calls)},
-                          capture_output=True, text=True, timeout=60)
+    done = subprocess.run(
+        ["bash", str(repo / ".ci" / "run")],
+        env={"PATH": str(bin_dir), "CALLS": str(calls)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     return done, calls.read_text().splitlines()
 
 
 def test_root_with_apt_installs_chromium_then_tests(tmp_path):
     done, calls = run_ci(tmp_path, uid=0, apt="works", chromium=False)
     assert done.returncode == 0, done.stderr
-    assert [c for c in calls if c != "id -u"] == ["apt-get update", "apt-get install -y chromium", "make test"]
+    assert [c for c in calls if c != "id -u"] == [
+        "apt-get update",
+        "apt-get install -y chromium",
+        "make test",
+    ]
     assert (tmp_path / "bin" / "chromium").exists()
 
 
@@ -61,7 +73,10 @@ def test_without_root_or_apt_ci_still_tests_and_says_the_browser_tests_skip(tmp_
     done, calls = run_ci(tmp_path, uid=uid, apt=apt, chromium=False)
     assert done.returncode == 0
     assert not any(c.startswith("apt-get") for c in calls) and calls[-1] == "make test"
-    assert "chromium is missing and apt-get as root is unavailable: the browser tests will skip" in done.stderr
+    assert (
+        "chromium is missing and apt-get as root is unavailable: the browser tests will skip"
+        in done.stderr
+    )
 
 
 def test_a_failed_install_does_not_fail_ci(tmp_path):
@@ -78,16 +93,26 @@ def test_failing_tests_fail_ci(tmp_path):
 
 def test_make_test_installs_the_dev_and_demo_extras(tmp_path):
     """On a clean clone (no environment yet) ``make test`` installs ``.[dev,demo]`` first."""
-    dry = subprocess.run(["make", "-n", "test", f"VENV={tmp_path / 'venv'}"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60)
+    dry = subprocess.run(
+        ["make", "-n", "test", f"VENV={tmp_path / 'venv'}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert dry.returncode == 0, dry.stderr
-    assert f"{tmp_path / 'venv'}/bin/python -m pip install --quiet -e \".[dev,demo]\"" in dry.stdout
+    assert f'{tmp_path / "venv"}/bin/python -m pip install --quiet -e ".[dev,demo]"' in dry.stdout
 
 
 def test_the_demo_extra_names_gradio_and_its_client():
     import tomllib
 
     project = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]
-    demo = [requirement.split(">")[0].split("=")[0] for requirement in project["optional-dependencies"]["demo"]]
+    demo = [
+        requirement.split(">")[0].split("=")[0]
+        for requirement in project["optional-dependencies"]["demo"]
+    ]
     assert demo == ["gradio", "gradio_client"]
-    assert not any(name.startswith("gradio") for name in project["dependencies"])  # the core stays light
+    assert not any(
+        name.startswith("gradio") for name in project["dependencies"]
+    )  # the core stays light

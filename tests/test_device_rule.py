@@ -31,7 +31,9 @@ def same_with_meta_default(compute):
     torch.manual_seed(0)
     with torch.device("meta"):
         got = compute()
-    for name, (a, b) in zip(expected, zip(expected.values(), got.values(), strict=True), strict=True):
+    for name, (a, b) in zip(
+        expected, zip(expected.values(), got.values(), strict=True), strict=True
+    ):
         assert b.device.type == "cpu", name
         assert torch.equal(a, b), name
 
@@ -46,10 +48,12 @@ def test_info_nce_and_one_to_k_allocate_on_the_inputs_device():
     present = torch.ones(12, dtype=torch.bool)
     present[[1, 5]] = False
     tau = torch.tensor(0.07)
-    same_with_meta_default(lambda: {
-        "info_nce": info_nce(images, texts[:4], tau),
-        "one_to_k": one_to_k_loss(images, texts, tau, present).total,
-    })
+    same_with_meta_default(
+        lambda: {
+            "info_nce": info_nce(images, texts[:4], tau),
+            "one_to_k": one_to_k_loss(images, texts, tau, present).total,
+        }
+    )
 
 
 @pytest.mark.parametrize("mode", ["reference", "paper", "uniform"])
@@ -58,8 +62,11 @@ def test_hard_sampling_allocates_on_the_inputs_device(mode):
 
     def draw():
         samples = sample_hard_examples(images, texts, 0.07, mode)
-        return {"positive": samples.positive_text, "negative_text": samples.negative_text,
-                "negative_image": samples.negative_image}
+        return {
+            "positive": samples.positive_text,
+            "negative_text": samples.negative_text,
+            "negative_image": samples.negative_image,
+        }
 
     same_with_meta_default(draw)
 
@@ -82,12 +89,19 @@ def test_clip_training_step_allocates_on_the_inputs_device():
 
 def test_ccrk_training_step_and_reranker_allocate_on_the_inputs_device():
     module, batch = build_ccrk(), ccrk_batch(absent=[(0, 1), (3, 2)])
-    images, ids, mask = batch["images"][:3], batch["input_ids"][:4, 0], batch["attention_mask"][:4, 0]
+    images, ids, mask = (
+        batch["images"][:3],
+        batch["input_ids"][:4, 0],
+        batch["attention_mask"][:4, 0],
+    )
     queries, candidates = torch.arange(3), torch.tensor([[0, 2], [1, 3], [3, 0]])
 
     def run():
         reranker = module.reranker(module.image_cache(images), module.text_cache(ids, mask))
-        return {"loss": module.training_step(batch, 0), "rerank": reranker("i2t", queries, candidates)}
+        return {
+            "loss": module.training_step(batch, 0),
+            "rerank": reranker("i2t", queries, candidates),
+        }
 
     same_with_meta_default(run)
 
@@ -96,8 +110,12 @@ def test_ccrk_training_step_and_reranker_allocate_on_the_inputs_device():
 # as that tower, one torch thread and a meta default device, the TriKD loss came out 1 ulp apart
 # (1.2e-7); no tensor landed on meta, so the difference is a summation order inside that library's
 # code, not an allocation of ours. Not traced further.
-TINY_TEACHER_TEXT = {"teacher.clip.text_encoder.name": "tiny", "teacher.clip.text_encoder.width": 64,
-                     "teacher.clip.text_encoder.layers": 2, "teacher.clip.text_encoder.heads": 4}
+TINY_TEACHER_TEXT = {
+    "teacher.clip.text_encoder.name": "tiny",
+    "teacher.clip.text_encoder.width": 64,
+    "teacher.clip.text_encoder.layers": 2,
+    "teacher.clip.text_encoder.heads": 4,
+}
 
 
 def test_mclip_stages_allocate_on_the_inputs_device():
@@ -105,8 +123,10 @@ def test_mclip_stages_allocate_on_the_inputs_device():
     batch = image_batch(6, ("en", "xx"))
     batch["present"][[0, 3], 1] = False
     nmt, ctl, text = stage_one(joint=False), stage_one(joint=True), parallel_batch()
-    same_with_meta_default(lambda: {
-        "trikd": trikd.training_step(batch, 0),
-        "nmt": nmt.training_step(text, 0),
-        "ctl": ctl.training_step(text, 0),
-    })
+    same_with_meta_default(
+        lambda: {
+            "trikd": trikd.training_step(batch, 0),
+            "nmt": nmt.training_step(text, 0),
+            "ctl": ctl.training_step(text, 0),
+        }
+    )

@@ -212,10 +212,16 @@ def _truncated_safetensors(path):
     return path
 
 
-@pytest.mark.parametrize("content, reason", [
-    ([1, 2, 3], r"not a state dict \(it holds a list\)"),
-    ({"model": {"visual.proj": 3}}, r"not a state dict \(entry 'visual\.proj' is int, not a tensor\)"),
-])
+@pytest.mark.parametrize(
+    "content, reason",
+    [
+        ([1, 2, 3], r"not a state dict \(it holds a list\)"),
+        (
+            {"model": {"visual.proj": 3}},
+            r"not a state dict \(entry 'visual\.proj' is int, not a tensor\)",
+        ),
+    ],
+)
 def test_a_weights_file_that_is_not_a_state_dict_is_named(tmp_path, content, reason):
     path = tmp_path / "weights.pt"
     torch.save(content, path)

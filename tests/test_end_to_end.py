@@ -8,27 +8,35 @@ import sys
 from pathlib import Path
 
 import pytest
+from worlds import QUICK_BACKBONES, SMALL_PRETRAINED_BACKBONES
 
 import methods
 from experiments.config import compose
 from experiments.evaluate import evaluate
 from experiments.runs import scorer_label
 from experiments.train import train
-from worlds import QUICK_BACKBONES, SMALL_PRETRAINED_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_WORLD = [
     *QUICK_BACKBONES,
-    "data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=16",
+    "data.synthetic.num_train=48",
+    "data.synthetic.num_val=12",
+    "data.synthetic.num_test=16",
     "data.synthetic.num_pretrain=48",
-    "data.batch_size=8", "data.eval_batch_size=16", "data.tokenizer.vocab_size=400",
+    "data.batch_size=8",
+    "data.eval_batch_size=16",
+    "data.tokenizer.vocab_size=400",
     "data.languages=[en,de,ja]",
     "trainer.cpu_threads=1",  # one torch thread per pytest worker, whatever the method's count (rc3: 2)
 ]
 # Methods with several stages carry their own step budgets; keep each to two steps here.
 SHORT_STAGES = {
-    "mclip": ["method.teacher.max_steps=2", "method.translation.nmt.max_steps=2",
-              "method.translation.ctl.max_steps=2", "method.trikd.max_steps=2"],
+    "mclip": [
+        "method.teacher.max_steps=2",
+        "method.translation.nmt.max_steps=2",
+        "method.translation.ctl.max_steps=2",
+        "method.trikd.max_steps=2",
+    ],
 }
 
 
@@ -38,21 +46,40 @@ def world(tmp_path_factory):
 
 
 def smoke_overrides(method, world, run_dir, *extra):
-    return [f"method={method}", f"data.root={world}", f"run_dir={run_dir}", "trainer.max_steps=2",
-            "trainer.log_every_n_steps=1", "trainer.progress_refresh_rate=0", *TINY_WORLD,
-            *SHORT_STAGES.get(method, []), *extra]
+    return [
+        f"method={method}",
+        f"data.root={world}",
+        f"run_dir={run_dir}",
+        "trainer.max_steps=2",
+        "trainer.log_every_n_steps=1",
+        "trainer.progress_refresh_rate=0",
+        *TINY_WORLD,
+        *SHORT_STAGES.get(method, []),
+        *extra,
+    ]
 
 
 # An easy world for the learning test: 16 scene kinds (4 shapes x 4 colours, one object, every
 # attribute mentioned), one caption per image and language, 16 test images.
 LEARNABLE_WORLD = [
     *SMALL_PRETRAINED_BACKBONES,
-    "data.synthetic.num_train=96", "data.synthetic.num_val=8", "data.synthetic.num_test=16",
+    "data.synthetic.num_train=96",
+    "data.synthetic.num_val=8",
+    "data.synthetic.num_test=16",
     "data.synthetic.num_pretrain=96",
-    "data.synthetic.captions_per_image=1", "data.synthetic.num_shapes=4", "data.synthetic.num_colours=4",
-    "data.synthetic.max_objects=1", "data.synthetic.background_prob=0.0", "data.synthetic.mention_prob=1.0",
-    "data.batch_size=16", "data.eval_batch_size=16", "data.tokenizer.vocab_size=300", "data.languages=[en,de]",
-    "trainer.check_val_every_n_epoch=1000", "optim.warmup_steps=5", "trainer.progress_refresh_rate=0",
+    "data.synthetic.captions_per_image=1",
+    "data.synthetic.num_shapes=4",
+    "data.synthetic.num_colours=4",
+    "data.synthetic.max_objects=1",
+    "data.synthetic.background_prob=0.0",
+    "data.synthetic.mention_prob=1.0",
+    "data.batch_size=16",
+    "data.eval_batch_size=16",
+    "data.tokenizer.vocab_size=300",
+    "data.languages=[en,de]",
+    "trainer.check_val_every_n_epoch=1000",
+    "optim.warmup_steps=5",
+    "trainer.progress_refresh_rate=0",
     "trainer.cpu_threads=1",
 ]
 LEARNING_STEPS = 60
@@ -61,11 +88,20 @@ LEARNING_STEPS = 60
 # pairs after ~150 steps of pre-training (docs/rc3.md, measured with its earlier first stage). It
 # runs its whole protocol (fine-tune-en): 300 pre-training steps, then ITR fine-tuning on the
 # English captions.
-OWN_LEARNING_STEPS = {"mclip": [f"method.{stage}.max_steps={LEARNING_STEPS}" for stage in
-                         ("teacher", "translation.nmt", "translation.ctl", "trikd")],
-               "rc3": ["method.pretrain.max_steps=300", "method.finetune.max_steps=100",
-                       "method.backbone.pretrained=null"]}
-OWN_STAGE_STEPS = {"rc3": ("fine-tune-en", {"pretrain": 300, "finetune": 100})}  # what metrics.json records
+OWN_LEARNING_STEPS = {
+    "mclip": [
+        f"method.{stage}.max_steps={LEARNING_STEPS}"
+        for stage in ("teacher", "translation.nmt", "translation.ctl", "trikd")
+    ],
+    "rc3": [
+        "method.pretrain.max_steps=300",
+        "method.finetune.max_steps=100",
+        "method.backbone.pretrained=null",
+    ],
+}
+OWN_STAGE_STEPS = {
+    "rc3": ("fine-tune-en", {"pretrain": 300, "finetune": 100})
+}  # what metrics.json records
 # Chance mR with one gold among 16 candidates in both directions: mean of 100*k/16 for k in 1, 5, 10.
 CHANCE_MR = 100 * (1 + 5 + 10) / 3 / 16
 MARGIN = 15.0  # points above chance every method must reach after its steps
@@ -81,8 +117,14 @@ def learnable_world(tmp_path_factory):
 def test_method_learns_and_reevaluation_reproduces_its_scores(method, learnable_world, tmp_path):
     """A short run on an easy world beats chance by MARGIN points of mR (a constant or untrained
     model scores chance), and evaluating its checkpoint again gives every metric back."""
-    overrides = [f"method={method}", f"data.root={learnable_world}", f"run_dir={tmp_path / 'runs'}",
-                 f"trainer.max_steps={LEARNING_STEPS}", *LEARNABLE_WORLD, *OWN_LEARNING_STEPS.get(method, [])]
+    overrides = [
+        f"method={method}",
+        f"data.root={learnable_world}",
+        f"run_dir={tmp_path / 'runs'}",
+        f"trainer.max_steps={LEARNING_STEPS}",
+        *LEARNABLE_WORLD,
+        *OWN_LEARNING_STEPS.get(method, []),
+    ]
     run_dir = train(compose(overrides))
     result = json.loads((run_dir / "metrics.json").read_text())
     assert (result["method"], result["split"], result["seed"]) == (method, "test", 0)
@@ -91,23 +133,36 @@ def test_method_learns_and_reevaluation_reproduces_its_scores(method, learnable_
     report = result["metrics"]
     unimodal = {f"{side}/NDCG@{k}" for side in ("i2i", "t2t") for k in (10, 20, 50)}
     assert unimodal <= set(report), f"{method}: uni-modal NDCG missing from metrics.json"
-    assert report["mR"] >= CHANCE_MR + MARGIN, f"{method}: mR {report['mR']:.1f}, chance {CHANCE_MR:.1f}"
+    assert report["mR"] >= CHANCE_MR + MARGIN, (
+        f"{method}: mR {report['mR']:.1f}, chance {CHANCE_MR:.1f}"
+    )
 
     again = evaluate(Path(result["checkpoint"]))
     assert again.keys() == report.keys()
     for key, value in report.items():
         assert again[key] == pytest.approx(value, abs=1e-9), key
     scorer = scorer_label(compose(overrides))  # itc, or the re-ranker's label (rc3: itm@8)
-    assert json.loads((run_dir / "eval" / f"test-{scorer}" / "metrics.json").read_text())["metrics"] == again
+    assert (
+        json.loads((run_dir / "eval" / f"test-{scorer}" / "metrics.json").read_text())["metrics"]
+        == again
+    )
 
 
 def _run(script_args, runs, world, run_id, *extra):
-    argv = smoke_overrides("clip", world, runs, f"run_id={run_id}", "trainer.max_steps=12",
-                           "trainer.checkpoint_every_n_steps=4", "trainer.check_val_every_n_epoch=1",
-                           *extra)
+    argv = smoke_overrides(
+        "clip",
+        world,
+        runs,
+        f"run_id={run_id}",
+        "trainer.max_steps=12",
+        "trainer.checkpoint_every_n_steps=4",
+        "trainer.check_val_every_n_epoch=1",
+        *extra,
+    )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run([sys.executable, *script_args, *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        [sys.executable, *script_args, *argv], cwd=REPO, env=env, capture_output=True, text=True
+    )
 
 
 @pytest.fixture(scope="module")
@@ -119,27 +174,42 @@ def uninterrupted(world, tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("signal_name, at_batch, resumed_step, every", [
-    ("KILL", 6, 4, 4),
-    ("INT", 10, 8, 4),
-    ("KILL", 10, 8, 4),
-    ("KILL", 8, 6, 6),  # the checkpoint closes epoch 0, which validates after it
-    ("INT", 7, 6, 3),
-])
-def test_interrupted_run_resumes_exactly(signal_name, at_batch, resumed_step, every, world,
-                                         tmp_path, uninterrupted):
+@pytest.mark.parametrize(
+    "signal_name, at_batch, resumed_step, every",
+    [
+        ("KILL", 6, 4, 4),
+        ("INT", 10, 8, 4),
+        ("KILL", 10, 8, 4),
+        ("KILL", 8, 6, 6),  # the checkpoint closes epoch 0, which validates after it
+        ("INT", 7, 6, 3),
+    ],
+)
+def test_interrupted_run_resumes_exactly(
+    signal_name, at_batch, resumed_step, every, world, tmp_path, uninterrupted
+):
     """48 training records in batches of 8: 6 batches an epoch, so a checkpoint every 4 steps
     resumes mid-epoch, and one at step 6 on the boundary between epochs 0 and 1."""
     runs = tmp_path / "runs"
-    killed = _run([str(REPO / "tests" / "interrupted_train.py"), signal_name, str(at_batch)],
-                  runs, world, "cut", f"trainer.checkpoint_every_n_steps={every}")
+    killed = _run(
+        [str(REPO / "tests" / "interrupted_train.py"), signal_name, str(at_batch)],
+        runs,
+        world,
+        "cut",
+        f"trainer.checkpoint_every_n_steps={every}",
+    )
     assert killed.returncode != 0
     run = runs / "synthetic" / "clip" / "cut"
     assert not (run / "metrics.json").exists()
     before = (run / "csv" / "checkpoints" / "metrics.csv").read_text()
 
-    resumed = _run(["-m", "experiments.train"], runs, world, "cut", "ckpt_path=last",
-                   f"trainer.checkpoint_every_n_steps={every}")
+    resumed = _run(
+        ["-m", "experiments.train"],
+        runs,
+        world,
+        "cut",
+        "ckpt_path=last",
+        f"trainer.checkpoint_every_n_steps={every}",
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     result = json.loads((run / "metrics.json").read_text())
     assert result["resumed_from_step"] == resumed_step
@@ -149,7 +219,9 @@ def test_interrupted_run_resumes_exactly(signal_name, at_batch, resumed_step, ev
     # the resumed log continues the uninterrupted one: same epochs, steps and losses
     whole = Path(uninterrupted["checkpoint"]).parents[1] / "csv" / "checkpoints" / "metrics.csv"
     after = (run / "csv" / f"checkpoints-resumed-at-{resumed_step}" / "metrics.csv").read_text()
-    assert _train_rows(before, below=resumed_step) + _train_rows(after) == _train_rows(whole.read_text())
+    assert _train_rows(before, below=resumed_step) + _train_rows(after) == _train_rows(
+        whole.read_text()
+    )
     for noise in ("litlogger", "LeafSpec", "weights_only"):
         assert noise not in resumed.stderr + resumed.stdout
 
@@ -158,8 +230,11 @@ def _train_rows(csv_text: str, below: int | None = None) -> list[tuple[str, str,
     """(epoch, step, train/loss) of each logged training step, those before ``below`` only."""
     lines = csv_text.splitlines()
     column = lines[0].split(",").index("train/loss")
-    rows = [(cells[0], cells[1], cells[column]) for cells in (line.split(",") for line in lines[1:])
-            if cells[column]]
+    rows = [
+        (cells[0], cells[1], cells[column])
+        for cells in (line.split(",") for line in lines[1:])
+        if cells[column]
+    ]
     return [row for row in rows if below is None or int(row[1]) < below]
 
 
@@ -168,11 +243,21 @@ def test_a_staged_run_counts_every_step_of_every_stage_after_a_resume(world, tmp
     runs = tmp_path / "runs"
     argv = smoke_overrides("mclip", world, runs, "run_id=m", "trainer.checkpoint_every_n_steps=1")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    killed = subprocess.run([sys.executable, str(REPO / "tests" / "interrupted_train.py"), "KILL",
-                             "8", *argv], cwd=REPO, env=env, capture_output=True, text=True)
+    killed = subprocess.run(
+        [sys.executable, str(REPO / "tests" / "interrupted_train.py"), "KILL", "8", *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert killed.returncode != 0
-    resumed = subprocess.run([sys.executable, "-m", "experiments.train", *argv, "ckpt_path=last"],
-                             cwd=REPO, env=env, capture_output=True, text=True)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "experiments.train", *argv, "ckpt_path=last"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "method.trikd.max_steps=2" in resumed.stdout
     result = json.loads((runs / "synthetic" / "mclip" / "m" / "metrics.json").read_text())

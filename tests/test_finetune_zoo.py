@@ -57,13 +57,22 @@ def step_zero_report(cfg):
 
 @pytest.mark.parametrize("family", FAMILIES)
 def test_clip_from_a_zoo_model_scores_its_external_row_exactly_at_step_zero(
-        family, world, zoo_dir, tmp_path, monkeypatch):
+    family, world, zoo_dir, tmp_path, monkeypatch
+):
     monkeypatch.setenv("CCR_ZOO_DIR", str(zoo_dir))
     external.main([f"model=zoo:{family}", "device=cpu", *world_overrides(world, tmp_path / "ext")])
     (row,) = [json.loads(p.read_text()) for p in (tmp_path / "ext").rglob("metrics.json")]
-    cfg = compose(["method=clip", f"method.encoders=zoo:{family}",
-                   *world_overrides(world, tmp_path / "runs"), "trainer.cpu_threads=1"])
-    assert cfg.method.projection == "none" and cfg.data.pretrained_io.model == row["external"]["model"]
+    cfg = compose(
+        [
+            "method=clip",
+            f"method.encoders=zoo:{family}",
+            *world_overrides(world, tmp_path / "runs"),
+            "trainer.cpu_threads=1",
+        ]
+    )
+    assert (
+        cfg.method.projection == "none" and cfg.data.pretrained_io.model == row["external"]["model"]
+    )
     report = step_zero_report(cfg)
     cross_modal = {k: v for k, v in row["metrics"].items() if not k.startswith(("i2i/", "t2t/"))}
     assert {k: report[k] for k in cross_modal} == cross_modal
@@ -90,12 +99,22 @@ def test_lit_is_labelled_so(zoo_dir):
 
 @pytest.mark.slow
 def test_lit_from_a_zoo_model_leaves_the_image_tower_bit_identical_after_training(
-        world, zoo_dir, tmp_path, monkeypatch):
+    world, zoo_dir, tmp_path, monkeypatch
+):
     monkeypatch.setenv("CCR_ZOO_DIR", str(zoo_dir))
-    cfg = compose(["method=clip", "method.encoders=zoo:tiny-open-clip", "method.lit=true",
-                   *world_overrides(world, tmp_path / "runs"), "data.batch_size=4",
-                   "trainer.max_steps=3", "trainer.cpu_threads=1", "optim.warmup_steps=0",
-                   "optim.lr=0.01"])
+    cfg = compose(
+        [
+            "method=clip",
+            "method.encoders=zoo:tiny-open-clip",
+            "method.lit=true",
+            *world_overrides(world, tmp_path / "runs"),
+            "data.batch_size=4",
+            "trainer.max_steps=3",
+            "trainer.cpu_threads=1",
+            "optim.warmup_steps=0",
+            "optim.lr=0.01",
+        ]
+    )
     data = train.build_datamodule(cfg)
     (stage,) = train.stages_of(cfg, data)
     L.seed_everything(cfg.seed, verbose=False)
@@ -119,19 +138,27 @@ def test_the_new_keys_at_their_defaults_leave_a_runs_fingerprint_unchanged():
 
     config = OmegaConf.to_container(compose(["method=clip"]), resolve=True)
     assert (config["method"]["projection"], config["method"]["lit"]) == ("linear", False)
-    earlier = {**config, "method": {k: v for k, v in config["method"].items()
-                                    if k not in ("projection", "lit")},
-               "data": {k: v for k, v in config["data"].items() if k != "pretrained_io"},
-               "trainer": {k: v for k, v in config["trainer"].items() if k != "logger"}}
+    earlier = {
+        **config,
+        "method": {k: v for k, v in config["method"].items() if k not in ("projection", "lit")},
+        "data": {k: v for k, v in config["data"].items() if k != "pretrained_io"},
+        "trainer": {k: v for k, v in config["trainer"].items() if k != "logger"},
+    }
     assert config_fingerprint(config) == config_fingerprint(earlier)
     lit = OmegaConf.to_container(compose(["method=clip", "method.lit=true"]), resolve=True)
     assert config_fingerprint(lit) != config_fingerprint(config)
 
 
 def test_lit_keeps_the_locked_image_tower_in_eval_mode_while_the_text_side_trains(world, tmp_path):
-    cfg = compose(["method=clip", "method.lit=true", "method.image_encoder.name=tiny",
-                   "method.text_encoder.name=tiny",
-                   *world_overrides(world, tmp_path / "runs")])
+    cfg = compose(
+        [
+            "method=clip",
+            "method.lit=true",
+            "method.image_encoder.name=tiny",
+            "method.text_encoder.name=tiny",
+            *world_overrides(world, tmp_path / "runs"),
+        ]
+    )
     data = train.build_datamodule(cfg)
     (stage,) = train.stages_of(cfg, data)
     module = stage.build(None).train()

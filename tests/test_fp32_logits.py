@@ -71,6 +71,7 @@ def test_one_to_k_under_autocast_equals_fp32():
 def test_hard_sampling_weights_under_autocast_equal_fp32():
     images, texts = unit_rows(6), unit_rows(18, seed=1)
     for mode in ("reference", "paper"):
+
         def weights(mode=mode):
             out = sampling_weights(images, texts, torch.tensor(TAU), mode)
             return [out.positive, out.negative_text, out.negative_image]
@@ -87,6 +88,10 @@ def test_mclip_losses_under_autocast_equal_fp32():
 
     def losses():
         trikd = trikd_loss(images, students, logit_scale, teachers)
-        return [trikd.itc, trikd.ttc, contrastive_translation_loss(src, src_mask, tgt, tgt_mask, 0.1)]
+        return [
+            trikd.itc,
+            trikd.ttc,
+            contrastive_translation_loss(src, src_mask, tgt, tgt_mask, 0.1),
+        ]
 
     same_under_autocast(losses)

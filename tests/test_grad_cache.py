@@ -20,9 +20,18 @@ from methods.layers.grad_cache import encode_in_chunks
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
 ROWS, K, L, VOCAB, IMAGE = 64, 3, 10, 60, 16
-INFO = dict(languages=["en", "de", "fr"], vocab_size=VOCAB, pad_token_id=0, cls_token_id=1,
-            eos_token_id=2, mask_token_id=3, max_length=L, image_size=IMAGE, num_objects=0,
-            backbones=random_backbones(width=32))
+INFO = dict(
+    languages=["en", "de", "fr"],
+    vocab_size=VOCAB,
+    pad_token_id=0,
+    cls_token_id=1,
+    eos_token_id=2,
+    mask_token_id=3,
+    max_length=L,
+    image_size=IMAGE,
+    num_objects=0,
+    backbones=random_backbones(width=32),
+)
 TOLERANCE = dict(rtol=1e-4, atol=1e-6)
 
 
@@ -57,9 +66,14 @@ def training_batch(rows=ROWS, one_language=False, seed=0):
     if one_language:
         present[:, 1:] = False
         ids[:, 1:], mask[:, 1:] = 0, 0
-    return {"images": torch.randn(rows, 3, IMAGE, IMAGE, generator=gen), "input_ids": ids,
-            "attention_mask": mask, "present": present, "languages": INFO["languages"],
-            "ids": [str(i) for i in range(rows)]}
+    return {
+        "images": torch.randn(rows, 3, IMAGE, IMAGE, generator=gen),
+        "input_ids": ids,
+        "attention_mask": mask,
+        "present": present,
+        "languages": INFO["languages"],
+        "ids": [str(i) for i in range(rows)],
+    }
 
 
 def loss_and_grads(module, batch, seed=1):
@@ -68,8 +82,9 @@ def loss_and_grads(module, batch, seed=1):
     torch.manual_seed(seed)
     loss = module.training_step(batch, 0)
     loss.backward()
-    return loss.detach(), {name: None if p.grad is None else p.grad.clone()
-                           for name, p in module.named_parameters()}
+    return loss.detach(), {
+        name: None if p.grad is None else p.grad.clone() for name, p in module.named_parameters()
+    }
 
 
 def assert_same(result, expected):
@@ -83,7 +98,9 @@ def assert_same(result, expected):
             assert grad is not None and torch.allclose(grad, expected[1][name], **TOLERANCE), name
 
 
-@pytest.mark.parametrize("name, overrides", [("clip", {}), ("ccrk", {}), ("ccrk", {"use_fusion": False})])
+@pytest.mark.parametrize(
+    "name, overrides", [("clip", {}), ("ccrk", {}), ("ccrk", {"use_fusion": False})]
+)
 def test_four_micro_batches_of_16_give_the_loss_and_gradients_of_one_batch_of_64(name, overrides):
     batch = training_batch()
     whole = loss_and_grads(build(name, chunks=1, **overrides), batch)
@@ -100,8 +117,12 @@ def test_micro_batches_see_the_whole_batch_as_negatives_unlike_separate_steps():
     batch = training_batch()
     whole, _ = loss_and_grads(build("clip", chunks=4), batch)
     module = build("clip", chunks=1)
-    separate = torch.stack([loss_and_grads(module, {k: v[i * 16:(i + 1) * 16] for k, v in batch.items()})[0]
-                            for i in range(4)]).mean()
+    separate = torch.stack(
+        [
+            loss_and_grads(module, {k: v[i * 16 : (i + 1) * 16] for k, v in batch.items()})[0]
+            for i in range(4)
+        ]
+    ).mean()
     assert whole > separate + 0.5  # log 64 against log 16 negatives at initialisation
 
 
@@ -157,26 +178,36 @@ def ddp_worker(rank, init_file, out_dir):
     dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
     try:
         batch = training_batch(one_language=True)
-        local = {k: v[rank * ROWS // WORLD:(rank + 1) * ROWS // WORLD] for k, v in batch.items()}
+        local = {k: v[rank * ROWS // WORLD : (rank + 1) * ROWS // WORLD] for k, v in batch.items()}
         results = {}
         for name, overrides in CASES:
             module = build(name, chunks=2, **overrides)  # 2 processes x 2 micro-batches of 16
             rows_seen = []
-            module.image_encoder.register_forward_pre_hook(lambda m, args, seen=rows_seen: seen.append(len(args[0])))
+            module.image_encoder.register_forward_pre_hook(
+                lambda m, args, seen=rows_seen: seen.append(len(args[0]))
+            )
             model = nn.parallel.DistributedDataParallel(Step(module))
             torch.manual_seed(1)
             loss = model(local)
             loss.backward()
             dist.all_reduce(loss := loss.detach())
-            results[name] = (loss / WORLD, {n: None if p.grad is None else p.grad.clone()
-                                            for n, p in module.named_parameters()}, rows_seen)
+            results[name] = (
+                loss / WORLD,
+                {
+                    n: None if p.grad is None else p.grad.clone()
+                    for n, p in module.named_parameters()
+                },
+                rows_seen,
+            )
         torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
     finally:
         dist.destroy_process_group()
 
 
 @pytest.mark.slow
-def test_two_ddp_processes_with_two_micro_batches_each_match_one_process_with_the_batch_of_64(tmp_path):
+def test_two_ddp_processes_with_two_micro_batches_each_match_one_process_with_the_batch_of_64(
+    tmp_path,
+):
     mp.spawn(ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     batch = training_batch(one_language=True)
     for name, overrides in CASES:

@@ -16,8 +16,11 @@ def test_gpu_presets_take_workers_from_the_machine_pin_memory_and_prefetch(prese
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     cfg = compose([f"trainer={preset}"])
     per_process = 16 if preset == "gpu" else 8  # 16 cores; DDP: two local processes share them
-    assert loader_settings(cfg, cores=16) == {"num_workers": per_process - 1, "pin_memory": True,
-                                              "prefetch_factor": 4}
+    assert loader_settings(cfg, cores=16) == {
+        "num_workers": per_process - 1,
+        "pin_memory": True,
+        "prefetch_factor": 4,
+    }
     assert cfg.trainer.float32_matmul_precision == "highest"
 
 
@@ -47,15 +50,18 @@ def test_the_matmul_precision_key_is_applied_and_null_leaves_torchs_setting():
 def test_training_loader_takes_the_settings_and_gives_the_same_batches(tmp_path):
     cfg = synthetic_cfg(tmp_path, num_workers=0)
     plain = CCRDataModule(cfg, seed=0)
-    tuned = CCRDataModule(OmegaConf.create(cfg), seed=0,
-                          loader={"num_workers": 2, "pin_memory": True, "prefetch_factor": 3})
+    tuned = CCRDataModule(
+        OmegaConf.create(cfg),
+        seed=0,
+        loader={"num_workers": 2, "pin_memory": True, "prefetch_factor": 3},
+    )
     for module in (plain, tuned):
         module.prepare_data()
         module.setup("fit")
     loader = tuned.train_dataloader()
     assert (loader.num_workers, loader.pin_memory, loader.prefetch_factor) == (2, True, 3)
     assert loader.persistent_workers
-    for expected, got in zip(plain.train_dataloader(), loader):
+    for expected, got in zip(plain.train_dataloader(), loader, strict=True):
         for key, value in expected.items():
             if torch.is_tensor(value):
                 assert torch.equal(value, got[key]), key
@@ -83,6 +89,7 @@ def test_cached_images_are_exactly_the_pixels_of_the_direct_path(tmp_path):
     again = cached_images(paths, transform, tmp_path / "cache")  # reused, not rebuilt
     assert again.file == cached.file
     import os
+
     os.utime(paths[0], ns=(1, 1))  # a changed file gets a new cache
     assert cached_images(paths, transform, tmp_path / "cache").file != cached.file
     with pytest.raises(KeyError, match="not among the images cached"):
@@ -95,7 +102,7 @@ def test_datamodule_with_the_image_cache_gives_the_same_batches_and_eval_images(
     for module in (plain, cached):
         module.prepare_data()
         module.setup("fit")
-    for expected, got in zip(plain.train_dataloader(), cached.train_dataloader()):
+    for expected, got in zip(plain.train_dataloader(), cached.train_dataloader(), strict=True):
         assert torch.equal(expected["images"], got["images"])
         assert torch.equal(expected["input_ids"], got["input_ids"])
     plain_images = next(iter(plain.eval_view("val").image_loader(4)))["images"]
@@ -108,7 +115,9 @@ def test_datamodule_with_the_image_cache_gives_the_same_batches_and_eval_images(
 def test_normalising_by_lookup_gives_the_bits_of_the_per_pixel_arithmetic_for_every_byte():
     from datamodules.datasets import ImageTransform
 
-    transform = ImageTransform(4, [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711])
+    transform = ImageTransform(
+        4, [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+    )
     every_byte = torch.arange(256, dtype=torch.uint8).view(16, 16, 1).repeat(1, 1, 3)
     every_byte[..., 1] = every_byte[..., 1].flip(0)  # channels see the bytes at other positions
     arithmetic = (every_byte.permute(2, 0, 1).float() / 255.0 - transform.mean) / transform.std

@@ -5,17 +5,26 @@ uniform negatives for noise images through a hand-assembled path, so it never ex
 
 import pytest
 import torch
+from worlds import QUICK_BACKBONES
 
 import methods
 from experiments.config import compose
 from experiments.train import build_datamodule
 from methods.rc3 import FINETUNE
-from worlds import QUICK_BACKBONES
 
-WORLD = [*QUICK_BACKBONES, "data.synthetic.num_train=96", "data.synthetic.num_val=8",
-         "data.synthetic.num_test=8", "data.synthetic.num_pretrain=48", "data.batch_size=16",
-         "data.tokenizer.vocab_size=300", "data.languages=[en,de]"]
-WARM_STEPS = 40  # full training steps on other batches before the fixed one: the space hard mining reads
+WORLD = [
+    *QUICK_BACKBONES,
+    "data.synthetic.num_train=96",
+    "data.synthetic.num_val=8",
+    "data.synthetic.num_test=8",
+    "data.synthetic.num_pretrain=48",
+    "data.batch_size=16",
+    "data.tokenizer.vocab_size=300",
+    "data.languages=[en,de]",
+]
+WARM_STEPS = (
+    40  # full training steps on other batches before the fixed one: the space hard mining reads
+)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +49,7 @@ def fit(module, batches, fixed, loss_of, steps):
         optimizer.step()
 
     module.train()
-    for _, batch in zip(range(WARM_STEPS), batches):
+    for _, batch in zip(range(WARM_STEPS), batches, strict=False):
         step(batch)
     losses = []
     for _ in range(steps):
@@ -55,14 +64,18 @@ def cycle(loader):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason=(
-    "measured (issue 32): after the 40 warm-up steps CCRk's MITM stays at the 1:2 prior (0.636-0.639) "
-    "for 60 fixed-batch steps on this world (above 0.1 for all 100), and for 100 steps on a world whose backbones learn "
-    "(worlds.SMALL_PRETRAINED_BACKBONES); with uniform negatives (variant=no_hard_mitm) through the "
-    "same step it is as flat (0.635-0.640, 60 steps), so the mining is not the cause; the "
-    "hand-assembled path with uniform negatives on noise "
-    "images fits in 80 (test_ccrk_module). Strict: when it starts to fit, this test fails and the "
-    "marker goes."))
+@pytest.mark.xfail(
+    strict=True,
+    reason=(
+        "measured (issue 32): after the 40 warm-up steps CCRk's MITM stays at the 1:2 prior (0.636-0.639) "
+        "for 60 fixed-batch steps on this world (above 0.1 for all 100), and for 100 steps on a world whose backbones learn "
+        "(worlds.SMALL_PRETRAINED_BACKBONES); with uniform negatives (variant=no_hard_mitm) through the "
+        "same step it is as flat (0.635-0.640, 60 steps), so the mining is not the cause; the "
+        "hand-assembled path with uniform negatives on noise "
+        "images fits in 80 (test_ccrk_module). Strict: when it starts to fit, this test fails and the "
+        "marker goes."
+    ),
+)
 def test_ccrk_mitm_on_mined_hard_negatives_fits_a_world_batch_within_100_steps(world):
     """MITM (3B pairs: the hard positive caption, a hard negative caption and a hard negative
     image per image, mined from the KCL space) through ``CCRk.training_step``. The bar:

@@ -15,23 +15,47 @@ from metrics import METRIC_PROTOCOL
 
 
 def _config(seed=0, **settings):
-    config = {"seed": seed, "run_id": None, "run_dir": "runs",
-              "optim": {"lr": 1e-3}, "trainer": {"max_steps": 1500, "progress_refresh_rate": 10},
-              "data": {"splits": {"test": "test"}, "num_workers": 1, "root": "/data/a"}}
+    config = {
+        "seed": seed,
+        "run_id": None,
+        "run_dir": "runs",
+        "optim": {"lr": 1e-3},
+        "trainer": {"max_steps": 1500, "progress_refresh_rate": 10},
+        "data": {"splits": {"test": "test"}, "num_workers": 1, "root": "/data/a"},
+    }
     for key, value in settings.items():
         section, name = key.split("__")
         config[section][name] = value
     return config
 
 
-def _write(path, method, seed, mr, data="synthetic", split="test", scorer="itc",
-           protocol=METRIC_PROTOCOL, config=None, mtime=None, git_commit=None, **metrics):
+def _write(
+    path,
+    method,
+    seed,
+    mr,
+    data="synthetic",
+    split="test",
+    scorer="itc",
+    protocol=METRIC_PROTOCOL,
+    config=None,
+    mtime=None,
+    git_commit=None,
+    **metrics,
+):
     path.mkdir(parents=True, exist_ok=True)
     config = config or _config(seed)
     record = {
-        "method": method, "data": data, "protocol": "default", "scorer": scorer, "seed": seed,
-        "split": split, "run_id": path.name, "languages": ["en", "de"],
-        "config_fingerprint": config_fingerprint(config), "config": config,
+        "method": method,
+        "data": data,
+        "protocol": "default",
+        "scorer": scorer,
+        "seed": seed,
+        "split": split,
+        "run_id": path.name,
+        "languages": ["en", "de"],
+        "config_fingerprint": config_fingerprint(config),
+        "config": config,
         "metrics": {"mR": mr, "en/i2t/R@1": mr / 2, "all/MRV_std/i2t": 3.0 + seed, **metrics},
     }
     if protocol is not None:
@@ -79,13 +103,18 @@ def test_different_settings_are_separate_rows_naming_the_difference(tmp_path):
         "data.splits.test=test_2017, trainer.max_steps=1500": ([0], 60.0),
     }
     markdown = (tmp_path / "out" / "leaderboard.md").read_text()
-    assert "| clip | default | itc | data.splits.test=test, trainer.max_steps=100 | 0 | 70.00" in markdown
+    assert (
+        "| clip | default | itc | data.splits.test=test, trainer.max_steps=100 | 0 | 70.00"
+        in markdown
+    )
 
 
 def test_execution_only_settings_do_not_split_a_row(tmp_path):
     runs = tmp_path / "runs"
     _write(runs / "a", "clip", 0, 40.0, config=_config(0))
-    moved = _config(1, data__num_workers=4, data__root="/elsewhere", trainer__progress_refresh_rate=0)
+    moved = _config(
+        1, data__num_workers=4, data__root="/elsewhere", trainer__progress_refresh_rate=0
+    )
     _write(runs / "b", "clip", 1, 50.0, config=moved)
     rows = build(runs, tmp_path / "out")
     assert len(rows) == 1 and rows[0]["seeds"] == [0, 1]
@@ -108,13 +137,22 @@ def test_the_same_seed_twice_is_reported_not_averaged(tmp_path):
 def test_a_row_whose_seeds_ran_on_different_commits_says_so(tmp_path):
     runs = tmp_path / "runs"
     for seed, commit in enumerate(["aaaaaaaa11", "aaaaaaaa11", "bbbbbbbb22"]):
-        _write(runs / f"s{seed}", "clip", seed, 40.0 + seed, config=_config(seed), git_commit=commit)
+        _write(
+            runs / f"s{seed}", "clip", seed, 40.0 + seed, config=_config(seed), git_commit=commit
+        )
     rows = build(runs, tmp_path / "out")
     assert rows[0]["commits"] == {"aaaaaaaa": [0, 1], "bbbbbbbb": [2]}
     markdown = (tmp_path / "out" / "leaderboard.md").read_text()
     assert "its seeds ran on different code (seed 0,1 at aaaaaaaa; seed 2 at bbbbbbbb)" in markdown
     for seed in range(3):  # one commit: no note
-        _write(runs / f"s{seed}", "clip", seed, 40.0 + seed, config=_config(seed), git_commit="aaaaaaaa11")
+        _write(
+            runs / f"s{seed}",
+            "clip",
+            seed,
+            40.0 + seed,
+            config=_config(seed),
+            git_commit="aaaaaaaa11",
+        )
     build(runs, tmp_path / "out")
     assert "different code" not in (tmp_path / "out" / "leaderboard.md").read_text()
 
@@ -122,7 +160,9 @@ def test_a_row_whose_seeds_ran_on_different_commits_says_so(tmp_path):
 def test_rows_scored_under_another_metric_protocol_are_marked(tmp_path):
     runs = tmp_path / "runs"
     _write(runs / "now", "clip", 0, 40.0)
-    _write(runs / "old", "clip", 1, 90.0, config=_config(1), protocol={**METRIC_PROTOCOL, "version": 1})
+    _write(
+        runs / "old", "clip", 1, 90.0, config=_config(1), protocol={**METRIC_PROTOCOL, "version": 1}
+    )
     _write(runs / "older", "clip", 2, 95.0, config=_config(2), protocol=None)
     rows = build(runs, tmp_path / "out")
     assert sorted((r["seeds"], r["mark"]) for r in rows) == [([0], ""), ([1], "†"), ([2], "‡")]
@@ -145,8 +185,11 @@ def test_rc3_rows_scored_by_its_probe_say_so_and_its_own_scorer_is_itm_at_all(tm
     """Runs stored before the cross-encoder scorer existed recorded ``itm@8`` / ``itc`` for RC3,
     whose embeddings are a first-stage probe: the leaderboard names them by what ranked them."""
     runs = tmp_path / "runs"
-    for folder, scorer, evaluation in (("a", "itm@8", {"rerank_k": 8}), ("a/eval/test-itc", "itc", {"rerank_k": 0}),
-                                       ("b", "itm@all", {"rerank_k": 0, "scorer": "cross_encoder"})):
+    for folder, scorer, evaluation in (
+        ("a", "itm@8", {"rerank_k": 8}),
+        ("a/eval/test-itc", "itc", {"rerank_k": 0}),
+        ("b", "itm@all", {"rerank_k": 0, "scorer": "cross_encoder"}),
+    ):
         config = {**_config(0), "method": {"name": "rc3"}, "evaluation": evaluation}
         _write(runs / folder, "rc3", 0, 10.0, scorer=scorer, config=config)
     rows = build(runs, tmp_path / "out")
@@ -168,16 +211,25 @@ def _write_raw(path, text):
     (path / "metrics.json").write_text(text)
 
 
-@pytest.mark.parametrize("edit, error", [
-    (lambda r: r["metrics"].update({"mR": float("nan")}), r"holds a bare NaN"),
-    (lambda r: r["metrics"].update({"mR": "40.0"}), r"field 'metrics\.mR' must be a number, got str"),
-    (lambda r: r["metrics"].update({"mR": True}), r"field 'metrics\.mR' must be a number, got bool"),
-    (lambda r: r.update({"seed": "0"}), r"field 'seed' must be a whole number >= 0, got '0'"),
-    (lambda r: r.update({"seed": 1.5}), r"field 'seed' must be a whole number >= 0, got 1\.5"),
-    (lambda r: r.update({"metrics": {}}), r"field 'metrics' holds no metric"),
-    (lambda r: r.update({"metrics": [40.0]}), r"field 'metrics' must be an object"),
-    (lambda r: r.update({"method": 3}), r"field 'method' must be a string, got int"),
-])
+@pytest.mark.parametrize(
+    "edit, error",
+    [
+        (lambda r: r["metrics"].update({"mR": float("nan")}), r"holds a bare NaN"),
+        (
+            lambda r: r["metrics"].update({"mR": "40.0"}),
+            r"field 'metrics\.mR' must be a number, got str",
+        ),
+        (
+            lambda r: r["metrics"].update({"mR": True}),
+            r"field 'metrics\.mR' must be a number, got bool",
+        ),
+        (lambda r: r.update({"seed": "0"}), r"field 'seed' must be a whole number >= 0, got '0'"),
+        (lambda r: r.update({"seed": 1.5}), r"field 'seed' must be a whole number >= 0, got 1\.5"),
+        (lambda r: r.update({"metrics": {}}), r"field 'metrics' holds no metric"),
+        (lambda r: r.update({"metrics": [40.0]}), r"field 'metrics' must be an object"),
+        (lambda r: r.update({"method": 3}), r"field 'method' must be a string, got int"),
+    ],
+)
 def test_a_malformed_metrics_json_is_refused_naming_the_file_and_field(tmp_path, edit, error):
     _write(tmp_path / "runs" / "good", "clip", 0, 40.0)
     _write(tmp_path / "runs" / "bad", "clip", 1, 41.0)
@@ -209,13 +261,24 @@ def test_written_beside_the_runs_unless_told_where(tmp_path, monkeypatch):
 
 
 def _unimodal(i2i, t2t, ks=(10, 20, 50)):
-    return {f"{side}/NDCG@{k}": value + k / 1000 for k in ks for side, value in (("i2i", i2i), ("t2t", t2t))}
+    return {
+        f"{side}/NDCG@{k}": value + k / 1000
+        for k in ks
+        for side, value in (("i2i", i2i), ("t2t", t2t))
+    }
 
 
 def test_unimodal_ndcg_columns_show_each_cut_off_and_never_invent_a_zero(tmp_path):
     runs = tmp_path / "runs"
     for seed, i2i in enumerate([0.5, 0.7]):
-        _write(runs / "covlr" / f"s{seed}", "covlr", seed, 40.0, config=_config(seed), **_unimodal(i2i, 0.3))
+        _write(
+            runs / "covlr" / f"s{seed}",
+            "covlr",
+            seed,
+            40.0,
+            config=_config(seed),
+            **_unimodal(i2i, 0.3),
+        )
     _write(runs / "old" / "s0", "clip", 0, 30.0)  # an older metrics.json without uni-modal keys
     _write(runs / "real" / "s0", "clip", 0, 20.0, data="xflickrco")  # real data: no relevance
     rows = build(runs, tmp_path / "out")
@@ -226,14 +289,20 @@ def test_unimodal_ndcg_columns_show_each_cut_off_and_never_invent_a_zero(tmp_pat
     markdown = (tmp_path / "out" / "leaderboard.md").read_text()
     synthetic, real = markdown.split("## synthetic")[1].split("## xflickrco")
     assert "| MRV t2i | NDCG@10 i2i / t2t | NDCG@20 i2i / t2t | NDCG@50 i2i / t2t |" in synthetic
-    assert "| 0.610 ± 0.100 / 0.310 ± 0.000 | 0.620 ± 0.100 / 0.320 ± 0.000 | 0.650 ± 0.100 / 0.350 ± 0.000 |" in synthetic
+    assert (
+        "| 0.610 ± 0.100 / 0.310 ± 0.000 | 0.620 ± 0.100 / 0.320 ± 0.000 | 0.650 ± 0.100 / 0.350 ± 0.000 |"
+        in synthetic
+    )
     clip_line = next(line for line in synthetic.splitlines() if line.startswith("| clip"))
     assert clip_line.endswith("| – / – | – / – | – / – |")
     assert "NDCG@" not in real
     with open(tmp_path / "out" / "leaderboard.csv") as f:
         table = {row["method"] + row["data"]: row for row in csv.DictReader(f)}
     assert float(table["covlrsynthetic"]["t2t/NDCG@50"]) == pytest.approx(0.35)
-    assert table["clipxflickrco"]["t2t/NDCG@50"] == "" and table["clipsynthetic"]["i2i/NDCG@10 std"] == ""
+    assert (
+        table["clipxflickrco"]["t2t/NDCG@50"] == ""
+        and table["clipsynthetic"]["i2i/NDCG@10 std"] == ""
+    )
 
 
 def test_runs_with_other_unimodal_cut_offs_are_their_own_row(tmp_path):
@@ -242,8 +311,10 @@ def test_runs_with_other_unimodal_cut_offs_are_their_own_row(tmp_path):
         config = {**_config(0), "evaluation": {"unimodal_ndcg_ks": ks}}
         _write(runs / str(ks[0]), "covlr", 0, 40.0, config=config, **_unimodal(0.5, 0.3, ks))
     rows = build(runs, tmp_path / "out")
-    assert sorted(r["settings"] for r in rows) == ["evaluation.unimodal_ndcg_ks=[10, 20, 50]",
-                                                   "evaluation.unimodal_ndcg_ks=[5, 10]"]
+    assert sorted(r["settings"] for r in rows) == [
+        "evaluation.unimodal_ndcg_ks=[10, 20, 50]",
+        "evaluation.unimodal_ndcg_ks=[5, 10]",
+    ]
     assert leaderboard.unimodal_cutoffs(rows) == [5, 10, 20, 50]
 
 
@@ -255,7 +326,9 @@ def test_a_row_scored_on_part_of_a_split_always_names_the_slice(tmp_path):
     _write(runs / "synthetic" / "ccrk+no_cl" / "s0", "ccrk+no_cl", 0, 55.0, config=sliced)
     _write(runs / "synthetic" / "ccrk" / "s0", "ccrk", 0, 50.0)
     _write(runs / "synthetic" / "ccrk" / "part", "ccrk", 0, 52.0, config=sliced)
-    rows = {(r["method"], r["stats"]["mR"][0]): r["settings"] for r in build(runs, tmp_path / "out")}
+    rows = {
+        (r["method"], r["stats"]["mR"][0]): r["settings"] for r in build(runs, tmp_path / "out")
+    }
     assert rows[("ccrk+no_cl", 55.0)] == "data.splits.test=test[:100]"
     assert rows[("ccrk", 52.0)] == "data.splits.test=test[:100]"
     assert rows[("ccrk", 50.0)] == "data.splits.test=test"
@@ -266,7 +339,13 @@ def test_a_row_scored_within_an_image_budget_always_names_the_budget(tmp_path):
     runs = tmp_path / "runs"
     budget = {**_config(0), "evaluation": {"max_images": 100}}
     _write(runs / "synthetic" / "rc3" / "s0", "rc3", 0, 40.0, config=budget)
-    _write(runs / "synthetic" / "clip" / "s0", "clip", 0, 30.0, config={**_config(0), "evaluation": {"max_images": None}})
+    _write(
+        runs / "synthetic" / "clip" / "s0",
+        "clip",
+        0,
+        30.0,
+        config={**_config(0), "evaluation": {"max_images": None}},
+    )
     rows = {r["method"]: r["settings"] for r in build(runs, tmp_path / "out")}
     assert rows == {"rc3": "evaluation.max_images=100", "clip": ""}
 
@@ -291,21 +370,38 @@ def test_a_stored_setting_the_schema_no_longer_knows_names_the_file(tmp_path):
 
 # ---- learning curves ------------------------------------------------------------------------------
 
+
 def _with_curve(path, values, steps_per_point=150, stage_steps=None, stage="main"):
     """Add a learning curve (one validation every ``steps_per_point`` steps) to a written run."""
     record = json.loads((path / "metrics.json").read_text())
     record["stage_steps"] = stage_steps or {stage: steps_per_point * len(values)}
     offset = sum(list(record["stage_steps"].values())[:-1])
-    record["learning_curve"] = {"metric": "val/mR", "points": [
-        {"stage": stage, "step": offset + steps_per_point * (i + 1), "value": v} for i, v in enumerate(values)]}
+    record["learning_curve"] = {
+        "metric": "val/mR",
+        "points": [
+            {"stage": stage, "step": offset + steps_per_point * (i + 1), "value": v}
+            for i, v in enumerate(values)
+        ],
+    }
     (path / "metrics.json").write_text(json.dumps(record))
 
 
 def test_a_row_whose_curve_rose_over_the_last_fifth_is_marked_still_rising(tmp_path):
     runs = tmp_path / "runs"
     # one validation every 150 of 1,500 steps: the last fifth runs from step 1200 (8th point) to 1500
-    at_margin = [10, 20, 30, 40, 45, 48, 49, 50, 50.2, 50.5]  # +0.5, and +1.5 with the bump: mean +1.0
-    rising = [10, 12, 14, 16, 18, 20, 22, 24, 26, 28]         # step 1200: 24, step 1500: 28
+    at_margin = [
+        10,
+        20,
+        30,
+        40,
+        45,
+        48,
+        49,
+        50,
+        50.2,
+        50.5,
+    ]  # +0.5, and +1.5 with the bump: mean +1.0
+    rising = [10, 12, 14, 16, 18, 20, 22, 24, 26, 28]  # step 1200: 24, step 1500: 28
     for seed, bump in enumerate([0.0, 1.0]):
         _write(runs / f"clip{seed}", "clip", seed, 50.0, config=_config(seed))
         _with_curve(runs / f"clip{seed}", [v + bump * (i == 9) for i, v in enumerate(at_margin)])
@@ -329,15 +425,23 @@ def test_a_row_whose_curve_rose_over_the_last_fifth_is_marked_still_rising(tmp_p
 def test_a_flat_curve_is_not_marked_and_the_rise_reads_the_final_stage_only(tmp_path):
     runs = tmp_path / "runs"
     _write(runs / "flat", "clip", 0, 50.0)
-    _with_curve(runs / "flat", [10, 30, 45, 49, 50, 50.4, 50.2, 50.6, 50.9, 50.0])  # 1200: 50.6 -> 50.0
+    _with_curve(
+        runs / "flat", [10, 30, 45, 49, 50, 50.4, 50.2, 50.6, 50.9, 50.0]
+    )  # 1200: 50.6 -> 50.0
     _write(runs / "staged", "mclip", 0, 40.0)
     # stage 1 (1000 steps) rose a lot; the final stage (500 steps, from run step 1000) is flat
     record = json.loads((runs / "staged" / "metrics.json").read_text())
     record["stage_steps"] = {"stage1": 1000, "finetune": 500}
-    record["learning_curve"] = {"metric": "val/mR", "points": [
-        {"stage": "stage1", "step": 500, "value": 5.0}, {"stage": "stage1", "step": 1000, "value": 30.0},
-        {"stage": "finetune", "step": 1300, "value": 40.0}, {"stage": "finetune", "step": 1400, "value": 40.5},
-        {"stage": "finetune", "step": 1500, "value": 40.9}]}
+    record["learning_curve"] = {
+        "metric": "val/mR",
+        "points": [
+            {"stage": "stage1", "step": 500, "value": 5.0},
+            {"stage": "stage1", "step": 1000, "value": 30.0},
+            {"stage": "finetune", "step": 1300, "value": 40.0},
+            {"stage": "finetune", "step": 1400, "value": 40.5},
+            {"stage": "finetune", "step": 1500, "value": 40.9},
+        ],
+    }
     (runs / "staged" / "metrics.json").write_text(json.dumps(record))
     rows = {r["method"]: r for r in build(runs, tmp_path / "out")}
     assert rows["clip"]["curve_rise"] == pytest.approx(-0.6)
@@ -351,7 +455,9 @@ def test_runs_without_a_curve_still_load_and_show_no_curve(tmp_path):
     runs = tmp_path / "runs"
     _write(runs / "old", "clip", 0, 50.0)  # written before learning curves existed
     _write(runs / "once", "ccrk", 0, 40.0)
-    _with_curve(runs / "once", [40.0], steps_per_point=780, stage_steps={"main": 1500})  # one validation
+    _with_curve(
+        runs / "once", [40.0], steps_per_point=780, stage_steps={"main": 1500}
+    )  # one validation
     rows = {r["method"]: r for r in build(runs, tmp_path / "out")}
     assert rows["clip"]["curve_rise"] is None and rows["clip"]["curve"] is None
     markdown = (tmp_path / "out" / "leaderboard.md").read_text()
@@ -366,5 +472,7 @@ def test_a_malformed_curve_is_an_error_naming_the_file_and_point(tmp_path):
     record = json.loads((runs / "bad" / "metrics.json").read_text())
     record["learning_curve"]["points"][1]["value"] = None
     (runs / "bad" / "metrics.json").write_text(json.dumps(record))
-    with pytest.raises(ValueError, match=r"bad/metrics.json: learning_curve.points\[1\] needs an integer"):
+    with pytest.raises(
+        ValueError, match=r"bad/metrics.json: learning_curve.points\[1\] needs an integer"
+    ):
         load_results(runs)

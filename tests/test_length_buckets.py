@@ -19,8 +19,10 @@ class HostReads(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):
         name = getattr(func, "__name__", "")
         index = args[1] if name == "__getitem__" else ()
-        boolean_index = any(torch.is_tensor(i) and i.dtype == torch.bool
-                            for i in (index if isinstance(index, tuple) else (index,)))
+        boolean_index = any(
+            torch.is_tensor(i) and i.dtype == torch.bool
+            for i in (index if isinstance(index, tuple) else (index,))
+        )
         self.count += name in HOST_READS or boolean_index  # a boolean index reads its count back
         return func(*args, **(kwargs or {}))
 
@@ -37,7 +39,7 @@ def test_each_group_is_a_chunk_of_the_length_order_with_its_longest_length_at_le
     order, groups = length_buckets(mask, 4)
     assert torch.equal(order, lengths.argsort())
     assert len(groups) == 4
-    for (rows, size), expected in zip(groups, order.chunk(4)):
+    for (rows, size), expected in zip(groups, order.chunk(4), strict=True):
         assert torch.equal(rows, expected)
         assert size == max(int(lengths[expected].max()), 1) and isinstance(size, int)
 

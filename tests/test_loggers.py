@@ -28,10 +28,14 @@ def test_an_unknown_logger_is_refused():
 
 @pytest.mark.parametrize("name", ["wandb", "mlflow"])
 def test_an_optional_logger_without_its_package_is_a_one_line_error_before_the_run(
-        name, monkeypatch, tmp_path, capsys):
+    name, monkeypatch, tmp_path, capsys
+):
     real = importlib.util.find_spec
-    monkeypatch.setattr(loggers.importlib.util, "find_spec",
-                        lambda module, *a: None if module == name else real(module, *a))
+    monkeypatch.setattr(
+        loggers.importlib.util,
+        "find_spec",
+        lambda module, *a: None if module == name else real(module, *a),
+    )
     with pytest.raises(SystemExit) as exit_info:
         train.main([f"trainer.logger=[csv,{name}]", f"run_dir={tmp_path}"])
     err = capsys.readouterr().err.strip()

@@ -25,7 +25,9 @@ def hand_built():
 
 
 def scores(images, texts, owners, languages, ks=KS):
-    report = retrieval_report(images, texts, owners, languages, [str(i) for i in range(len(images))], ks=ks)
+    report = retrieval_report(
+        images, texts, owners, languages, [str(i) for i in range(len(images))], ks=ks
+    )
     return report, dedup_recall_report(images, texts, owners, languages, report, ks=ks)
 
 
@@ -42,12 +44,21 @@ def random_set(captions_per_image, seed=0, images=30):
     g = torch.Generator().manual_seed(seed)
     owners = torch.arange(images).repeat_interleave(captions_per_image).repeat(2)
     languages = ["en"] * (images * captions_per_image) + ["de"] * (images * captions_per_image)
-    return (torch.randn(images, 8, generator=g), torch.randn(len(owners), 8, generator=g), owners, languages)
+    return (
+        torch.randn(images, 8, generator=g),
+        torch.randn(len(owners), 8, generator=g),
+        owners,
+        languages,
+    )
 
 
 def test_dedup_is_never_below_the_standard_rule_and_equal_with_one_caption_per_image():
     report, dedup = scores(*random_set(5), ks=(1, 5, 10))
-    gaps = [dedup[f"{lang}/i2t_dedup/R@{k}"] - report[f"{lang}/i2t/R@{k}"] for lang in ("en", "de") for k in (5, 10)]
+    gaps = [
+        dedup[f"{lang}/i2t_dedup/R@{k}"] - report[f"{lang}/i2t/R@{k}"]
+        for lang in ("en", "de")
+        for k in (5, 10)
+    ]
     assert min(gaps) >= 0 and max(gaps) > 0
     report, dedup = scores(*random_set(1), ks=(1, 5, 10))
     for lang in ("en", "de"):
@@ -58,8 +69,12 @@ def test_dedup_is_never_below_the_standard_rule_and_equal_with_one_caption_per_i
 
 def test_a_constant_model_scores_the_expected_value_of_a_random_order():
     images, texts, owners, languages = random_set(5, images=10)
-    _, dedup = scores(torch.zeros_like(images), torch.zeros_like(texts), owners, languages, ks=(1, 5))
-    assert dedup["en/i2t_dedup/R@1"] == pytest.approx(10.0) and dedup["en/i2t_dedup/R@5"] == pytest.approx(50.0)
+    _, dedup = scores(
+        torch.zeros_like(images), torch.zeros_like(texts), owners, languages, ks=(1, 5)
+    )
+    assert dedup["en/i2t_dedup/R@1"] == pytest.approx(10.0) and dedup[
+        "en/i2t_dedup/R@5"
+    ] == pytest.approx(50.0)
 
 
 def test_non_finite_embeddings_are_an_error():
@@ -80,8 +95,11 @@ def test_mclip_reports_dedup_recall_beside_the_standard_scores_only_when_asked()
     evaluation = module.evaluation
     evaluation.update("images", torch.arange(len(images)), images)
     evaluation.update("captions", torch.arange(len(texts)), texts)
-    report = evaluation.compute(caption_image=owners, caption_language=languages,
-                                image_ids=[str(i) for i in range(len(images))])
+    report = evaluation.compute(
+        caption_image=owners,
+        caption_language=languages,
+        image_ids=[str(i) for i in range(len(images))],
+    )
     standard, dedup = scores(images, texts, owners, languages, ks=tuple(BASE.evaluation.ks))
     assert {k: report[k] for k in standard} == pytest.approx(standard)
     assert {k: report[k] for k in dedup} == pytest.approx(dedup)

@@ -45,7 +45,9 @@ def test_multi_positive_loss_puts_a_positive_on_every_caption_of_a_duplicated_im
     text, image = unit(5, 8, 2), unit(5, 8, 3)
     keys = torch.tensor([7, 3, 7, 9, 7])  # rows 0, 2, 4: three captions of one image
     loss = multi_positive_info_nce(text, image, keys, 10.0)
-    expected = numpy_multi_positive(text.double().numpy(), image.double().numpy(), keys.numpy(), 10.0)
+    expected = numpy_multi_positive(
+        text.double().numpy(), image.double().numpy(), keys.numpy(), 10.0
+    )
     assert loss.item() == pytest.approx(expected, rel=1e-5)
     assert abs(loss.item() - info_nce(image, text, 0.1).item()) > 1e-3  # not the 1-to-1 loss
 
@@ -55,9 +57,15 @@ def test_image_keys_match_equal_ids_and_separate_different_ones():
     assert keys[0] == keys[2] and len(set(keys.tolist())) == 3 and (keys >= 0).all()
 
 
-@pytest.mark.parametrize("protocol,languages,block", [
-    ("zero-shot", (), None), ("fine-tune-en", ("en",), "english"), ("fine-tune-xx", ("xx",), "single"),
-    ("fine-tune-all", ("en", "xx"), "all")])
+@pytest.mark.parametrize(
+    "protocol,languages,block",
+    [
+        ("zero-shot", (), None),
+        ("fine-tune-en", ("en",), "english"),
+        ("fine-tune-xx", ("xx",), "single"),
+        ("fine-tune-all", ("en", "xx"), "all"),
+    ],
+)
 def test_the_protocol_decides_whether_and_on_what_fine_tuning_runs(protocol, languages, block):
     method = method_config(run_protocol=protocol)
     parsed = protocol_of(method, DATA.languages)
@@ -73,12 +81,17 @@ def test_the_protocol_decides_whether_and_on_what_fine_tuning_runs(protocol, lan
         assert stages[-1].budget_key == f"method.finetune.{block}.max_steps"
 
 
-@pytest.mark.parametrize("protocol,trikd_languages,message", [
-    ("fine-tune", "[en]", "not one of"), ("default", "[en]", "not one of"),
-    ("fine-tune-fr", "[en]", "not one of"),  # fr is not a configured language
-    ("zero-shot", "[en,xx]", "protocol=translate-train"),
-    ("fine-tune-en", "[en,xx]", "protocol=translate-train"),
-    ("translate-train", "[en]", "needs non-English")])
+@pytest.mark.parametrize(
+    "protocol,trikd_languages,message",
+    [
+        ("fine-tune", "[en]", "not one of"),
+        ("default", "[en]", "not one of"),
+        ("fine-tune-fr", "[en]", "not one of"),  # fr is not a configured language
+        ("zero-shot", "[en,xx]", "protocol=translate-train"),
+        ("fine-tune-en", "[en,xx]", "protocol=translate-train"),
+        ("translate-train", "[en]", "needs non-English"),
+    ],
+)
 def test_a_protocol_that_would_mislabel_the_run_is_refused(protocol, trikd_languages, message):
     method = method_config(run_protocol=protocol, **{"trikd.languages": trikd_languages})
     with pytest.raises(ValueError, match=message):
@@ -106,7 +119,11 @@ def test_fine_tuning_starts_from_tri_kd_with_the_temperature_restarted(tmp_path)
     for name, tensor in trikd.x_projector.state_dict().items():
         assert torch.equal(tensor, tuned.x_projector.state_dict()[name]), name
     lr, weight_decay, warmup = tuned.phase_settings()
-    assert (lr, weight_decay, warmup) == (method.finetune.english.lr, 0.001, method.finetune.warmup_steps)
+    assert (lr, weight_decay, warmup) == (
+        method.finetune.english.lr,
+        0.001,
+        method.finetune.warmup_steps,
+    )
 
 
 def test_the_fine_tuning_step_is_the_multi_positive_loss_and_moves_only_the_projectors():
@@ -118,13 +135,28 @@ def test_the_fine_tuning_step_is_the_multi_positive_loss_and_moves_only_the_proj
     keys = image_keys(batch["ids"], torch.device("cpu"))
     with torch.no_grad():
         h_i = module.encode_images(batch["images"])
-        per_language = [multi_positive_info_nce(module.encode_texts(batch["input_ids"][:, k],
-                                                                    batch["attention_mask"][:, k]),
-                                                h_i, keys, 1 / 0.07) for k in range(2)]
+        per_language = [
+            multi_positive_info_nce(
+                module.encode_texts(batch["input_ids"][:, k], batch["attention_mask"][:, k]),
+                h_i,
+                keys,
+                1 / 0.07,
+            )
+            for k in range(2)
+        ]
         expected = sum(per_language) / 2
         assert module.training_step(batch, 0).item() == pytest.approx(expected.item(), rel=1e-5)
-        plain_itc = sum(info_nce(h_i, module.encode_texts(batch["input_ids"][:, k], batch["attention_mask"][:, k]), 0.07)
-                        for k in range(2)) / 2
+        plain_itc = (
+            sum(
+                info_nce(
+                    h_i,
+                    module.encode_texts(batch["input_ids"][:, k], batch["attention_mask"][:, k]),
+                    0.07,
+                )
+                for k in range(2)
+            )
+            / 2
+        )
         assert abs(expected.item() - plain_itc.item()) > 1e-4
     before = snapshot(module)
     optimizer = module.configure_optimizers()["optimizer"]
@@ -134,5 +166,9 @@ def test_the_fine_tuning_step_is_the_multi_positive_loss_and_moves_only_the_proj
     module.training_step(batch, 0).backward()
     optimizer.step()
     changed = changed_names(before, snapshot(module))
-    trainable = {n for n, p in module.named_parameters() if n.startswith(("clip_projector.", "x_projector.", "logit_scale"))}
+    trainable = {
+        n
+        for n, p in module.named_parameters()
+        if n.startswith(("clip_projector.", "x_projector.", "logit_scale"))
+    }
     assert changed == trainable

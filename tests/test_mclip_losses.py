@@ -146,7 +146,9 @@ def test_ctl_sends_gradient_through_both_source_and_target():
     src, tgt = torch.randn(3, 5, 4), torch.randn(3, 6, 4)
     src_mask, tgt_mask = torch.ones(3, 5, dtype=torch.long), torch.ones(3, 6, dtype=torch.long)
     src_states = encoder(src)
-    src_states.register_hook(torch.zeros_like)  # cut the source side: the target must carry gradient
+    src_states.register_hook(
+        torch.zeros_like
+    )  # cut the source side: the target must carry gradient
     contrastive_translation_loss(src_states, src_mask, encoder(tgt), tgt_mask).backward()
     assert encoder.weight.grad.abs().sum() > 0
 
@@ -158,12 +160,16 @@ def test_ctl_matches_symmetric_info_nce_at_temperature_point_one():
         return torch.ones(t.shape[:2], dtype=torch.long)
 
     expected = info_nce(F.normalize(src.mean(1), dim=-1), F.normalize(tgt.mean(1), dim=-1), 0.1)
-    assert contrastive_translation_loss(src, ones(src), tgt, ones(tgt)).item() == pytest.approx(expected.item(), rel=1e-5)
+    assert contrastive_translation_loss(src, ones(src), tgt, ones(tgt)).item() == pytest.approx(
+        expected.item(), rel=1e-5
+    )
 
 
 def test_decoder_is_causal_and_reads_the_language_tag():
     torch.manual_seed(0)
-    decoder = TranslationDecoder(["en", "xx"], dim=16, layers=2, heads=4, ffn=32, dropout=0.0).eval()
+    decoder = TranslationDecoder(
+        ["en", "xx"], dim=16, layers=2, heads=4, ffn=32, dropout=0.0
+    ).eval()
     embeddings = torch.randn(10, 16)
     memory, memory_mask = torch.randn(2, 4, 16), torch.ones(2, 4, dtype=torch.long)
     ids = torch.tensor([[0, 5, 6, 2], [0, 7, 2, 1]])

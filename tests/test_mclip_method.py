@@ -8,16 +8,25 @@ import pytest
 import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
+from worlds import random_backbones
 
 from datamodules.datamodule import DataInfo
 from methods.layers.contrastive import info_nce
-from methods.mclip import MCLIP, selected_stages
 from methods.layers.translation import inverse_sqrt_factor
-from worlds import random_backbones
+from methods.mclip import MCLIP, selected_stages
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
-DATA = DataInfo(languages=["en", "xx"], vocab_size=40, pad_token_id=0, cls_token_id=1, eos_token_id=2,
-                mask_token_id=3, max_length=10, image_size=32, num_objects=0)
+DATA = DataInfo(
+    languages=["en", "xx"],
+    vocab_size=40,
+    pad_token_id=0,
+    cls_token_id=1,
+    eos_token_id=2,
+    mask_token_id=3,
+    max_length=10,
+    image_size=32,
+    num_objects=0,
+)
 DATA.backbones = random_backbones(hf_text_for=DATA)
 BASE = OmegaConf.load(CONFIGS / "base.yaml")
 
@@ -52,14 +61,20 @@ def caption_ids(n, length=DATA.max_length, seed=0, min_length=4):
 def image_batch(n=6, languages=("en",), seed=0):
     g = torch.Generator().manual_seed(seed)
     pairs = [caption_ids(n, seed=seed + 1 + k) for k in range(len(languages))]
-    return {"images": torch.randn(n, 3, 32, 32, generator=g),
-            "input_ids": torch.stack([p[0] for p in pairs], 1),
-            "attention_mask": torch.stack([p[1] for p in pairs], 1),
-            "present": torch.ones(n, len(languages), dtype=torch.bool), "languages": list(languages)}
+    return {
+        "images": torch.randn(n, 3, 32, 32, generator=g),
+        "input_ids": torch.stack([p[0] for p in pairs], 1),
+        "attention_mask": torch.stack([p[1] for p in pairs], 1),
+        "present": torch.ones(n, len(languages), dtype=torch.bool),
+        "languages": list(languages),
+    }
 
 
 def snapshot(module):
-    return {name: t.detach().clone() for name, t in [*module.named_parameters(), *module.named_buffers()]}
+    return {
+        name: t.detach().clone()
+        for name, t in [*module.named_parameters(), *module.named_buffers()]
+    }
 
 
 def optimizer_step(module, batch, lr=1e-2):
@@ -107,7 +122,9 @@ def x_projector_parameters(dim, ffn):
 def test_tiny_trainable_count_matches_the_formula():
     module = build_mclip()
     trainable = sum(p.numel() for p in module.parameters() if p.requires_grad)
-    assert tuple(module.clip_projector.weight.shape) == (64, 32) and module.clip_projector.bias is None
+    assert (
+        tuple(module.clip_projector.weight.shape) == (64, 32) and module.clip_projector.bias is None
+    )
     assert trainable == 32 * 64 + 2 * x_projector_parameters(64, 128) + 1
 
 
@@ -127,7 +144,9 @@ def test_one_clip_projector_serves_images_and_english_texts():
 def test_temperatures_initialise_and_clamp_as_specified():
     module = build_mclip().eval()
     assert module.logit_scale.item() == pytest.approx(2.6593, abs=1e-4)
-    assert module.ttc_temperature == 0.07 and not isinstance(module.ttc_temperature, torch.nn.Parameter)
+    assert module.ttc_temperature == 0.07 and not isinstance(
+        module.ttc_temperature, torch.nn.Parameter
+    )
     batch = image_batch()
     with torch.no_grad():
         module.logit_scale.fill_(10.0)
@@ -136,7 +155,9 @@ def test_temperatures_initialise_and_clamp_as_specified():
         h_t = module.teacher_texts(batch["input_ids"][:, 0], batch["attention_mask"][:, 0])
         expected = info_nce(h_i, h_x, 1 / 100.0) + 0.1 * info_nce(h_t, h_x, 0.07)
         assert module.training_step(batch, 0).item() == pytest.approx(expected.item(), rel=1e-5)
-    assert build_mclip(**{"trikd.ttc_scale_mode": "reference"}).ttc_temperature == pytest.approx(1 / math.log(1 / 0.07))
+    assert build_mclip(**{"trikd.ttc_scale_mode": "reference"}).ttc_temperature == pytest.approx(
+        1 / math.log(1 / 0.07)
+    )
 
 
 def test_english_loss_is_itc_plus_a_tenth_of_ttc_recomputed_independently():
@@ -153,7 +174,9 @@ def test_english_loss_is_itc_plus_a_tenth_of_ttc_recomputed_independently():
         h_x = torch.nn.functional.normalize(z, dim=-1)
         itc = info_nce(h_i, h_x, 0.07)
         ttc = info_nce(h_t, h_x, 0.07)
-        assert module.training_step(batch, 0).item() == pytest.approx((itc + 0.1 * ttc).item(), rel=1e-5)
+        assert module.training_step(batch, 0).item() == pytest.approx(
+            (itc + 0.1 * ttc).item(), rel=1e-5
+        )
 
 
 def test_non_english_captions_use_itc_only_and_never_call_the_teacher_text_tower(monkeypatch):
@@ -167,7 +190,9 @@ def test_non_english_captions_use_itc_only_and_never_call_the_teacher_text_tower
     with torch.no_grad():
         h_i = module.encode_images(batch["images"])
         h_x = module.encode_texts(batch["input_ids"][:, 0], batch["attention_mask"][:, 0])
-        assert module.training_step(batch, 0).item() == pytest.approx(info_nce(h_i, h_x, 0.07).item(), rel=1e-5)
+        assert module.training_step(batch, 0).item() == pytest.approx(
+            info_nce(h_i, h_x, 0.07).item(), rel=1e-5
+        )
 
 
 def test_text_embedding_is_read_at_the_last_token_and_ignores_extra_padding():
@@ -195,7 +220,10 @@ def test_towers_stay_deterministic_in_train_mode_while_projector_dropout_is_acti
     batch = image_batch()
     ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
     with torch.no_grad():
-        assert torch.equal(module.teacher.encode_images(batch["images"]), module.teacher.encode_images(batch["images"]))
+        assert torch.equal(
+            module.teacher.encode_images(batch["images"]),
+            module.teacher.encode_images(batch["images"]),
+        )
         assert torch.equal(module.mte(ids, mask).states, module.mte(ids, mask).states)
         assert not torch.allclose(module.encode_texts(ids, mask), module.encode_texts(ids, mask))
 
@@ -212,7 +240,9 @@ def test_inference_uses_the_mte_only_and_returns_unit_vectors(monkeypatch):
         images = module.encode_images(batch["images"])
         texts = module.encode_texts(batch["input_ids"][:, 0], batch["attention_mask"][:, 0])
     assert images.shape == texts.shape == (6, 64)
-    assert torch.allclose(images.norm(dim=-1), torch.ones(6)) and torch.allclose(texts.norm(dim=-1), torch.ones(6))
+    assert torch.allclose(images.norm(dim=-1), torch.ones(6)) and torch.allclose(
+        texts.norm(dim=-1), torch.ones(6)
+    )
 
 
 def test_training_prefers_the_true_pairing_to_a_shuffled_one():
@@ -250,8 +280,17 @@ def test_inverse_sqrt_schedule_matches_the_trikd_numbers():
     assert no_warmup(0) == no_warmup(10) == 1e-4 and no_warmup(40) == pytest.approx(5e-5)
 
 
-@pytest.mark.parametrize("stages", [["teacher"], ["trikd", "teacher"], ["mte_ctl", "mte_nmt", "trikd"],
-                                    ["teacher", "teacher", "trikd"], ["other", "trikd"], []])
+@pytest.mark.parametrize(
+    "stages",
+    [
+        ["teacher"],
+        ["trikd", "teacher"],
+        ["mte_ctl", "mte_nmt", "trikd"],
+        ["teacher", "teacher", "trikd"],
+        ["other", "trikd"],
+        [],
+    ],
+)
 def test_a_bad_stage_list_is_refused(stages):
     with pytest.raises(ValueError, match="method.stages"):
         selected_stages(OmegaConf.create({"stages": stages}))

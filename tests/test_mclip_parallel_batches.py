@@ -5,13 +5,13 @@ import math
 from collections import Counter
 
 import pytest
+from worlds import QUICK_BACKBONES
 
 from datamodules.parallel_batches import (
     parallel_batches,
     smoothed_pair_probabilities,
     token_batches,
 )
-from worlds import QUICK_BACKBONES
 
 # MT6 training pairs (millions), spec §3; each is used in both directions
 MT6 = {"cs": 8.1, "de": 41.0, "es": 20.0, "ja": 8.6, "ru": 20.0, "zh": 22.6}
@@ -24,8 +24,13 @@ def words(texts):
 
 def corpus(sizes, length=3):
     """``{(src, tgt): [(src_text, tgt_text)]}`` with ``sizes[(src, tgt)]`` pairs of ``length`` words."""
-    return {pair: [(" ".join([f"{pair[0]}{i}"] * length), " ".join([f"{pair[1]}{i}"] * length))
-                   for i in range(size)] for pair, size in sizes.items()}
+    return {
+        pair: [
+            (" ".join([f"{pair[0]}{i}"] * length), " ".join([f"{pair[1]}{i}"] * length))
+            for i in range(size)
+        ]
+        for pair, size in sizes.items()
+    }
 
 
 def test_mt6_pair_probabilities_with_beta_point_two_match_the_spec():
@@ -63,7 +68,9 @@ def test_without_beta_every_batch_is_used_once_in_proportion_to_size():
     sizes = {("en", "de"): 40, ("en", "cs"): 8}
     batches = parallel_batches(corpus(sizes), batch_size=4, seed=0).batches
     assert Counter((s, t) for s, t, _ in batches) == {("en", "de"): 10, ("en", "cs"): 2}
-    assert sorted(p for *_, pairs in batches for p in pairs) == sorted(p for t in corpus(sizes).values() for p in t)
+    assert sorted(p for *_, pairs in batches for p in pairs) == sorted(
+        p for t in corpus(sizes).values() for p in t
+    )
 
 
 def test_a_run_of_the_same_seed_draws_the_same_batches():
@@ -75,27 +82,37 @@ def test_a_run_of_the_same_seed_draws_the_same_batches():
 
 def test_token_batches_fill_up_to_the_budget_counting_the_longest_item():
     cut = token_batches([2, 3, 3, 4, 4, 9], max_tokens=12)
-    assert cut == [[0, 1, 2], [3, 4], [5]]  # 3 x 3 = 9 (a fourth: 4 x 4 = 16); 2 x 4 = 8 (3 x 9 = 27)
+    assert cut == [
+        [0, 1, 2],
+        [3, 4],
+        [5],
+    ]  # 3 x 3 = 9 (a fourth: 4 x 4 = 16); 2 x 4 = 8 (3 x 9 = 27)
     with pytest.raises(ValueError, match="13 tokens exceeds max_tokens=12"):
         token_batches([2, 13], max_tokens=12)
 
 
 def test_token_counted_batches_hold_more_short_sentences_than_long_ones():
     texts = {("en", "de"): [("a " * n, "b " * n) for n in [2] * 60 + [10] * 60]}
-    batches = parallel_batches(texts, batch_size=8, seed=0, max_tokens=40, count_tokens=words).batches
+    batches = parallel_batches(
+        texts, batch_size=8, seed=0, max_tokens=40, count_tokens=words
+    ).batches
     sizes = Counter()
     for _, _, pairs in batches:
         longest = max(max(len(s.split()), len(t.split())) for s, t in pairs)
         assert len(pairs) * longest <= 40
         sizes[longest] += len(pairs)
-    per_batch = {n: [len(p) for *_, p in batches if max(len(s.split()) for s, _ in p) == n] for n in (2, 10)}
+    per_batch = {
+        n: [len(p) for *_, p in batches if max(len(s.split()) for s, _ in p) == n] for n in (2, 10)
+    }
     assert max(per_batch[2]) == 20 and max(per_batch[10]) == 4  # not data.batch_size sentences
     assert sizes == {2: 60, 10: 60}  # nothing lost
 
 
 def test_the_target_side_counts_when_it_is_the_longer_one():
     texts = {("en", "de"): [("a", "b " * 10)] * 8}
-    batches = parallel_batches(texts, batch_size=8, seed=0, max_tokens=20, count_tokens=words).batches
+    batches = parallel_batches(
+        texts, batch_size=8, seed=0, max_tokens=20, count_tokens=words
+    ).batches
     assert [len(pairs) for *_, pairs in batches] == [2, 2, 2, 2]
 
 
@@ -103,18 +120,30 @@ def test_the_datamodule_serves_token_counted_smoothed_batches(tmp_path):
     from experiments.config import compose
     from experiments.train import build_datamodule
 
-    cfg = compose(["method=mclip", f"data.root={tmp_path}", "data.synthetic.num_train=48",
-                   *QUICK_BACKBONES,
-                   "data.synthetic.num_val=4", "data.synthetic.num_test=4", "data.batch_size=8",
-                   "data.synthetic.num_pretrain=48", "data.num_workers=0",
-                   "data.tokenizer.vocab_size=400", "data.languages=[en,de,ja]"])
+    cfg = compose(
+        [
+            "method=mclip",
+            f"data.root={tmp_path}",
+            "data.synthetic.num_train=48",
+            *QUICK_BACKBONES,
+            "data.synthetic.num_val=4",
+            "data.synthetic.num_test=4",
+            "data.batch_size=8",
+            "data.synthetic.num_pretrain=48",
+            "data.num_workers=0",
+            "data.tokenizer.vocab_size=400",
+            "data.languages=[en,de,ja]",
+        ]
+    )
     dm = build_datamodule(cfg, roles=("train",))
     loader = dm.parallel_dataloader(beta=0.2, max_tokens=200)
     batches = list(loader)
     assert len(batches) == len(loader.dataset)
     assert any(len(b["src_input_ids"]) > 8 for b in batches)  # not data.batch_size sentences
     for batch in batches:
-        longest = max(batch["src_attention_mask"].sum(1).max(), batch["tgt_attention_mask"].sum(1).max())
+        longest = max(
+            batch["src_attention_mask"].sum(1).max(), batch["tgt_attention_mask"].sum(1).max()
+        )
         assert len(batch["src_input_ids"]) * int(longest) <= 200
         assert "en" in (batch["src_language"], batch["tgt_language"])
 
@@ -125,12 +154,26 @@ def test_each_sentence_is_tokenised_once_however_often_the_loader_is_built(tmp_p
     from experiments.config import compose
     from experiments.train import build_datamodule
 
-    cfg = compose(["method=mclip", f"data.root={tmp_path}", *QUICK_BACKBONES,
-                   "data.synthetic.num_train=16", "data.synthetic.num_val=4", "data.synthetic.num_test=4",
-                   "data.synthetic.num_pretrain=40", "data.batch_size=8", "data.num_workers=0",
-                   "data.tokenizer.vocab_size=300", "data.languages=[en,de,ja]"])
+    cfg = compose(
+        [
+            "method=mclip",
+            f"data.root={tmp_path}",
+            *QUICK_BACKBONES,
+            "data.synthetic.num_train=16",
+            "data.synthetic.num_val=4",
+            "data.synthetic.num_test=4",
+            "data.synthetic.num_pretrain=40",
+            "data.batch_size=8",
+            "data.num_workers=0",
+            "data.tokenizer.vocab_size=300",
+            "data.languages=[en,de,ja]",
+        ]
+    )
     dm = build_datamodule(cfg, roles=("train",))
-    first = [(b["src_language"], b["src_input_ids"].tolist()) for b in dm.parallel_dataloader(beta=0.2, max_tokens=200)]
+    first = [
+        (b["src_language"], b["src_input_ids"].tolist())
+        for b in dm.parallel_dataloader(beta=0.2, max_tokens=200)
+    ]
     tokenise, seen = dm.tokenizer.__class__.__call__, []
 
     def counting(self, texts, max_length):

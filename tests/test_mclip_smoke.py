@@ -8,27 +8,37 @@ import json
 from pathlib import Path
 
 import pytest
+from worlds import SMALL_PRETRAINED_BACKBONES
 
 from experiments.config import compose
 from experiments.evaluate import evaluate
 from experiments.train import StageData, build_datamodule, stages_of, train
 from experiments.trainer import build_trainer
-from worlds import SMALL_PRETRAINED_BACKBONES
 
 STEPS = {"teacher": 80, "mte_nmt": 20, "mte_ctl": 100, "trikd": 60, "finetune": 10}
 SMALL_WORLD = [
     *SMALL_PRETRAINED_BACKBONES,
-    "data.synthetic.num_train=160", "data.synthetic.num_val=8", "data.synthetic.num_test=64",
+    "data.synthetic.num_train=160",
+    "data.synthetic.num_val=8",
+    "data.synthetic.num_test=64",
     "data.synthetic.num_pretrain=800",
-    "data.batch_size=16", "data.eval_batch_size=64", "data.tokenizer.vocab_size=300",
-    "data.languages=[en,de]", "data.splits.val=null",
+    "data.batch_size=16",
+    "data.eval_batch_size=64",
+    "data.tokenizer.vocab_size=300",
+    "data.languages=[en,de]",
+    "data.splits.val=null",
 ]
 SHORT_SCHEDULES = [
-    f"method.teacher.max_steps={STEPS['teacher']}", "optim.warmup_steps=10",
-    f"method.translation.nmt.max_steps={STEPS['mte_nmt']}", "method.translation.nmt.warmup_steps=5",
-    "method.translation.nmt.decay_from_step=5", f"method.translation.ctl.max_steps={STEPS['mte_ctl']}",
-    "method.translation.max_tokens=320", f"method.trikd.max_steps={STEPS['trikd']}",
-    "method.trikd.warmup_steps=10", f"method.finetune.english.max_steps={STEPS['finetune']}",
+    f"method.teacher.max_steps={STEPS['teacher']}",
+    "optim.warmup_steps=10",
+    f"method.translation.nmt.max_steps={STEPS['mte_nmt']}",
+    "method.translation.nmt.warmup_steps=5",
+    "method.translation.nmt.decay_from_step=5",
+    f"method.translation.ctl.max_steps={STEPS['mte_ctl']}",
+    "method.translation.max_tokens=320",
+    f"method.trikd.max_steps={STEPS['trikd']}",
+    "method.trikd.warmup_steps=10",
+    f"method.finetune.english.max_steps={STEPS['finetune']}",
     "method.finetune.warmup_steps=2",
 ]
 MARGIN = 2.0  # mean-recall points; chance on 64 images is 8.3
@@ -37,9 +47,19 @@ MARGIN = 2.0  # mean-recall points; chance on 64 images is 8.3
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):
     root = tmp_path_factory.mktemp("mclip_smoke")
-    cfg = compose(["method=mclip", "protocol=fine-tune-en", f"data.root={root / 'world'}",
-                   f"run_dir={root / 'runs'}", "run_id=smoke", "trainer.log_every_n_steps=1",
-                   "trainer.progress_refresh_rate=0", *SMALL_WORLD, *SHORT_SCHEDULES])
+    cfg = compose(
+        [
+            "method=mclip",
+            "protocol=fine-tune-en",
+            f"data.root={root / 'world'}",
+            f"run_dir={root / 'runs'}",
+            "run_id=smoke",
+            "trainer.log_every_n_steps=1",
+            "trainer.progress_refresh_rate=0",
+            *SMALL_WORLD,
+            *SHORT_SCHEDULES,
+        ]
+    )
     return cfg, train(cfg)
 
 
@@ -83,10 +103,16 @@ def trained_and_random(run):
 @pytest.mark.slow
 def test_tri_kd_on_english_retrieves_english_better_than_random_projectors(trained_and_random):
     trained, baseline = trained_and_random
-    assert trained["en/mR"] > baseline["en/mR"] + MARGIN, (language_mr(trained), language_mr(baseline))
+    assert trained["en/mR"] > baseline["en/mR"] + MARGIN, (
+        language_mr(trained),
+        language_mr(baseline),
+    )
 
 
 @pytest.mark.slow
 def test_tri_kd_on_english_retrieves_german_better_than_random_projectors(trained_and_random):
     trained, baseline = trained_and_random
-    assert trained["de/mR"] > baseline["de/mR"] + MARGIN, (language_mr(trained), language_mr(baseline))
+    assert trained["de/mR"] > baseline["de/mR"] + MARGIN, (
+        language_mr(trained),
+        language_mr(baseline),
+    )

@@ -12,14 +12,18 @@ from methods.layers.contrastive import info_nce
 from methods.layers.translation import contrastive_translation_loss, translation_nll
 from methods.mclip import ABLATIONS, MCLIP, build_mte_stage, selected_stages
 
-QUIET = {"translation.dropout": 0.0, "mte.config.hidden_dropout_prob": 0.0,
-         "mte.config.attention_probs_dropout_prob": 0.0}
+QUIET = {
+    "translation.dropout": 0.0,
+    "mte.config.hidden_dropout_prob": 0.0,
+    "mte.config.attention_probs_dropout_prob": 0.0,
+}
 
 
 def stage_one(variant, joint=True):
     torch.manual_seed(0)
-    return build_mte_stage(method_config(variant=variant, **QUIET), BASE.optim, DATA, BASE.evaluation,
-                           joint).eval()
+    return build_mte_stage(
+        method_config(variant=variant, **QUIET), BASE.optim, DATA, BASE.evaluation, joint
+    ).eval()
 
 
 def nmt_and_ctl(module, batch):
@@ -29,8 +33,13 @@ def nmt_and_ctl(module, batch):
     ctl = contrastive_translation_loss(src.states, src.mask, tgt.states, tgt.mask, 0.1)
     if module.decoder is None:
         return None, ctl
-    logits, gold = module.decoder(batch["tgt_input_ids"], src.states, src.mask, batch["tgt_language"],
-                                  module.mte.input_embeddings().weight)
+    logits, gold = module.decoder(
+        batch["tgt_input_ids"],
+        src.states,
+        src.mask,
+        batch["tgt_language"],
+        module.mte.input_embeddings().weight,
+    )
     return translation_nll(logits, gold, DATA.pad_token_id), ctl
 
 
@@ -57,7 +66,9 @@ def test_full_stage_one_is_nmt_plus_two_ctl():
     batch = parallel_batch()
     with torch.no_grad():
         nmt, ctl = nmt_and_ctl(module, batch)
-        assert module.training_step(batch, 0).item() == pytest.approx((nmt + 2 * ctl).item(), rel=1e-5)
+        assert module.training_step(batch, 0).item() == pytest.approx(
+            (nmt + 2 * ctl).item(), rel=1e-5
+        )
 
 
 def test_no_ctl_trains_the_encoder_on_nmt_alone():
@@ -68,9 +79,18 @@ def test_no_ctl_trains_the_encoder_on_nmt_alone():
         assert module.training_step(batch, 0).item() == pytest.approx(nmt.item(), rel=1e-5)
     before = snapshot(module)
     adam_step(module, batch)
-    encoder = {n for n, _ in module.named_parameters() if n.startswith("mte.backbone.model.encoder.")}
-    assert encoder <= changed_names(before, snapshot(module))  # still the joint stage (two-stage NMT)
-    assert selected_stages(method_config(variant="no_ctl")) == ["teacher", "mte_nmt", "mte_ctl", "trikd"]
+    encoder = {
+        n for n, _ in module.named_parameters() if n.startswith("mte.backbone.model.encoder.")
+    }
+    assert encoder <= changed_names(
+        before, snapshot(module)
+    )  # still the joint stage (two-stage NMT)
+    assert selected_stages(method_config(variant="no_ctl")) == [
+        "teacher",
+        "mte_nmt",
+        "mte_ctl",
+        "trikd",
+    ]
 
 
 def test_no_nmt_tunes_the_encoder_with_ctl_alone_and_has_no_decoder():
@@ -89,7 +109,10 @@ def test_no_nmt_tunes_the_encoder_with_ctl_alone_and_has_no_decoder():
 @pytest.mark.parametrize("variant", ["no_stage1", "no_stage1_no_ttc", "no_stage1_no_itc"])
 def test_no_stage_one_variants_start_tri_kd_from_the_mte_as_it_comes(variant):
     method = method_config(variant=variant)
-    assert [s.name for s in MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation)] == ["teacher", "trikd"]
+    assert [s.name for s in MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation)] == [
+        "teacher",
+        "trikd",
+    ]
     paper = method_config("mclip_paper", variant=variant)
     assert selected_stages(paper) == ["trikd"]
 
@@ -106,11 +129,15 @@ def test_no_ttc_is_itc_alone_and_never_calls_the_teacher_text_tower(monkeypatch)
     torch.manual_seed(0)
     full = MCLIP(method_config(), BASE.optim, DATA, BASE.evaluation).eval()
     torch.manual_seed(0)
-    module = MCLIP(method_config(variant="no_stage1_no_ttc"), BASE.optim, DATA, BASE.evaluation).eval()
+    module = MCLIP(
+        method_config(variant="no_stage1_no_ttc"), BASE.optim, DATA, BASE.evaluation
+    ).eval()
     batch = image_batch()
     with torch.no_grad():
         itc, ttc = trikd_terms(module, batch)
-        assert full.training_step(batch, 0).item() == pytest.approx((itc + 0.1 * ttc).item(), rel=1e-5)
+        assert full.training_step(batch, 0).item() == pytest.approx(
+            (itc + 0.1 * ttc).item(), rel=1e-5
+        )
 
         def refuse(*args, **kwargs):
             raise AssertionError("TTC ablated, yet the CLIP text tower was called")

@@ -4,24 +4,39 @@
 import numpy as np
 import pytest
 import torch
+from reference_itm_eval import itm_eval, itm_ranks
 
 from metrics import best_positive_rank, paired_ranks, rank_and_ndcg, retrieval_report
 from metrics.functional import mean_rank_variance, recall_at_k
-from reference_itm_eval import itm_eval, itm_ranks
 
 
 def suite_ranks(scores_i2t: torch.Tensor, caption_image: torch.Tensor, chunk_size=7):
     """TR and IR ranks of the suite's engine from one score matrix (images x captions)."""
     num_images = scores_i2t.shape[0]
-    tr = best_positive_rank(None, None, torch.arange(num_images), caption_image,
-                            scores=scores_i2t, chunk_size=chunk_size)
-    ir = best_positive_rank(None, None, caption_image, torch.arange(num_images),
-                            scores=scores_i2t.T.contiguous(), chunk_size=chunk_size, direction="t2i")
+    tr = best_positive_rank(
+        None,
+        None,
+        torch.arange(num_images),
+        caption_image,
+        scores=scores_i2t,
+        chunk_size=chunk_size,
+    )
+    ir = best_positive_rank(
+        None,
+        None,
+        caption_image,
+        torch.arange(num_images),
+        scores=scores_i2t.T.contiguous(),
+        chunk_size=chunk_size,
+        direction="t2i",
+    )
     return tr, ir
 
 
 def reference(scores_i2t: torch.Tensor, caption_image: torch.Tensor):
-    img2txt = {i: (caption_image == i).nonzero().flatten().tolist() for i in range(scores_i2t.shape[0])}
+    img2txt = {
+        i: (caption_image == i).nonzero().flatten().tolist() for i in range(scores_i2t.shape[0])
+    }
     txt2img = {t: int(i) for t, i in enumerate(caption_image)}
     s = scores_i2t.numpy()
     return itm_ranks(s, s.T.copy(), img2txt, txt2img), itm_eval(s, s.T.copy(), img2txt, txt2img)
@@ -84,7 +99,9 @@ def test_tie_rule_relation_to_argsort_reference():
         tied_before = ((matrix == positive[:, None]) & lower_index).sum(1)
         tied = (matrix == positive[:, None]).sum(1)
         assert tied_before.sum() > 0
-        np.testing.assert_array_equal(ours.numpy() + tied_before.numpy() - (tied.numpy() - 1) / 2, ref)
+        np.testing.assert_array_equal(
+            ours.numpy() + tied_before.numpy() - (tied.numpy() - 1) / 2, ref
+        )
 
 
 def test_embedding_sweep_equals_score_matrix_path():
@@ -98,7 +115,9 @@ def test_embedding_sweep_equals_score_matrix_path():
     scores = image @ text.T
     queries = torch.unique(caption_image)
     tr, tr_ndcg = rank_and_ndcg(None, None, queries, caption_image, scores=scores[queries])
-    ir, ir_ndcg = rank_and_ndcg(None, None, caption_image, torch.arange(70), scores=scores.T.contiguous())
+    ir, ir_ndcg = rank_and_ndcg(
+        None, None, caption_image, torch.arange(70), scores=scores.T.contiguous()
+    )
     assert paired.i2t_rank[60:].eq(-1).all()
     torch.testing.assert_close(paired.i2t_rank[queries], tr)
     torch.testing.assert_close(paired.t2i_rank, ir)
@@ -123,19 +142,33 @@ def make_baseline_similarities(num_images=1000, num_languages=4, dim=256):
 
 def test_reference_values_of_metric_baselines_size_a():
     matrices = make_baseline_similarities()
-    assert sum(m.double().sum().item() for m in matrices) == pytest.approx(744.387277382371, abs=1e-6)
-    expected_r = [(69.0, 86.5, 91.7, 67.7, 87.0, 91.1), (61.5, 82.9, 89.0, 60.7, 82.2, 88.7),
-                  (48.6, 74.2, 81.4, 49.0, 73.5, 81.9), (39.8, 63.7, 73.1, 41.2, 64.4, 73.3)]
-    expected_ndcg = [(0.803547, 0.795021), (0.748512, 0.744345), (0.644291, 0.648149),
-                     (0.553792, 0.561566)]
+    assert sum(m.double().sum().item() for m in matrices) == pytest.approx(
+        744.387277382371, abs=1e-6
+    )
+    expected_r = [
+        (69.0, 86.5, 91.7, 67.7, 87.0, 91.1),
+        (61.5, 82.9, 89.0, 60.7, 82.2, 88.7),
+        (48.6, 74.2, 81.4, 49.0, 73.5, 81.9),
+        (39.8, 63.7, 73.1, 41.2, 64.4, 73.3),
+    ]
+    expected_ndcg = [
+        (0.803547, 0.795021),
+        (0.748512, 0.744345),
+        (0.644291, 0.648149),
+        (0.553792, 0.561566),
+    ]
     ids = torch.arange(1000)
     tr_all, ir_all = [], []
     for lang, scores in enumerate(matrices):
         tr, tr_ndcg = rank_and_ndcg(None, None, ids, ids, scores=scores, chunk_size=300)
-        ir, ir_ndcg = rank_and_ndcg(None, None, ids, ids, scores=scores.T.contiguous(), chunk_size=300)
+        ir, ir_ndcg = rank_and_ndcg(
+            None, None, ids, ids, scores=scores.T.contiguous(), chunk_size=300
+        )
         got = tuple(recall_at_k(r, k) for r in (tr, ir) for k in (1, 5, 10))
         assert got == pytest.approx(expected_r[lang], abs=1e-9)
-        assert (tr_ndcg.mean().item(), ir_ndcg.mean().item()) == pytest.approx(expected_ndcg[lang], abs=1e-6)
+        assert (tr_ndcg.mean().item(), ir_ndcg.mean().item()) == pytest.approx(
+            expected_ndcg[lang], abs=1e-6
+        )
         tr_all.append(tr)
         ir_all.append(ir)
     languages = torch.arange(4).repeat_interleave(1000)

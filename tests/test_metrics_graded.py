@@ -6,9 +6,9 @@ import math
 
 import pytest
 import torch
+from reference_graded_ndcg import graded_ndcg as dense_graded_ndcg
 
 from metrics import graded_ndcg, graded_ndcg_at, retrieval_report
-from reference_graded_ndcg import graded_ndcg as dense_graded_ndcg
 
 
 def graded_world(num_images=30, captions_per_image=3, dim=16, seed=0):
@@ -16,8 +16,12 @@ def graded_world(num_images=30, captions_per_image=3, dim=16, seed=0):
     image = torch.nn.functional.normalize(torch.randn(num_images, dim, generator=gen), dim=1)
     caption_image = torch.arange(num_images).repeat(captions_per_image)
     caption_image = caption_image[torch.randperm(len(caption_image), generator=gen)]
-    text = torch.nn.functional.normalize(image[caption_image] + torch.randn(len(caption_image), dim, generator=gen), dim=1)
-    relevance = (torch.rand(num_images, num_images, generator=gen) * 4).floor() / 4  # graded, many zeros
+    text = torch.nn.functional.normalize(
+        image[caption_image] + torch.randn(len(caption_image), dim, generator=gen), dim=1
+    )
+    relevance = (
+        torch.rand(num_images, num_images, generator=gen) * 4
+    ).floor() / 4  # graded, many zeros
     relevance = torch.maximum(relevance, relevance.T)
     relevance.fill_diagonal_(1.0)
     return image, text, caption_image, relevance
@@ -29,24 +33,50 @@ def test_per_image_relevance_equals_the_dense_reference(gain, k):
     image, text, caption_image, relevance = graded_world()
     images = torch.arange(len(image))
     for query, items in ((image, images), (text, caption_image)):
-        dense = dense_graded_ndcg(query, query, lambda a, b, items=items: relevance[items[a:b]][:, items],
-                                  k=k, exclude_self=True, gain=gain, chunk_size=16)
-        fast = graded_ndcg(query, query, items, items, relevance, k=k, exclude_self=True, gain=gain,
-                           chunk_size=16)
+        dense = dense_graded_ndcg(
+            query,
+            query,
+            lambda a, b, items=items: relevance[items[a:b]][:, items],
+            k=k,
+            exclude_self=True,
+            gain=gain,
+            chunk_size=16,
+        )
+        fast = graded_ndcg(
+            query, query, items, items, relevance, k=k, exclude_self=True, gain=gain, chunk_size=16
+        )
         assert torch.equal(fast, dense)
-    cross = dense_graded_ndcg(text, image, lambda a, b: relevance[caption_image[a:b]], k=k, gain=gain)
-    assert torch.equal(graded_ndcg(text, image, caption_image, images, relevance, k=k, gain=gain), cross)
+    cross = dense_graded_ndcg(
+        text, image, lambda a, b: relevance[caption_image[a:b]], k=k, gain=gain
+    )
+    assert torch.equal(
+        graded_ndcg(text, image, caption_image, images, relevance, k=k, gain=gain), cross
+    )
 
 
 def test_report_keys_equal_the_dense_reference():
     image, text, caption_image, relevance = graded_world(num_images=40, captions_per_image=2)
     languages = ["en"] * 40 + ["de"] * 40
     caption_image = torch.arange(40).repeat(2)
-    report = retrieval_report(image, text, caption_image, languages, [str(i) for i in range(40)],
-                              image_relevance=relevance, chunk_size=16)
-    i2i = dense_graded_ndcg(image, image, lambda a, b: relevance[a:b], exclude_self=True, chunk_size=16)
-    t2t = dense_graded_ndcg(text, text, lambda a, b: relevance[caption_image[a:b]][:, caption_image],
-                            exclude_self=True, chunk_size=16)
+    report = retrieval_report(
+        image,
+        text,
+        caption_image,
+        languages,
+        [str(i) for i in range(40)],
+        image_relevance=relevance,
+        chunk_size=16,
+    )
+    i2i = dense_graded_ndcg(
+        image, image, lambda a, b: relevance[a:b], exclude_self=True, chunk_size=16
+    )
+    t2t = dense_graded_ndcg(
+        text,
+        text,
+        lambda a, b: relevance[caption_image[a:b]][:, caption_image],
+        exclude_self=True,
+        chunk_size=16,
+    )
     assert report["i2i/NDCG@10"] == i2i.mean().item()
     assert report["t2t/NDCG@10"] == t2t.mean().item()
 
@@ -87,23 +117,55 @@ def test_report_at_20_and_50_equals_the_dense_reference_with_ties(k):
     scores = image @ image.T
     assert len(torch.unique(scores)) < scores.numel() // 8  # the data does tie, heavily
     languages = ["en"] * 36 + ["de"] * 36
-    report = retrieval_report(image, text, caption_image, languages, [str(i) for i in range(36)],
-                              image_relevance=relevance, unimodal_ndcg_ks=(10, 20, 50), chunk_size=16)
-    i2i = dense_graded_ndcg(image, image, lambda a, b: relevance[a:b], k=k, exclude_self=True, chunk_size=16)
-    t2t = dense_graded_ndcg(text, text, lambda a, b: relevance[caption_image[a:b]][:, caption_image],
-                            k=k, exclude_self=True, chunk_size=16)
+    report = retrieval_report(
+        image,
+        text,
+        caption_image,
+        languages,
+        [str(i) for i in range(36)],
+        image_relevance=relevance,
+        unimodal_ndcg_ks=(10, 20, 50),
+        chunk_size=16,
+    )
+    i2i = dense_graded_ndcg(
+        image, image, lambda a, b: relevance[a:b], k=k, exclude_self=True, chunk_size=16
+    )
+    t2t = dense_graded_ndcg(
+        text,
+        text,
+        lambda a, b: relevance[caption_image[a:b]][:, caption_image],
+        k=k,
+        exclude_self=True,
+        chunk_size=16,
+    )
     assert report[f"i2i/NDCG@{k}"] == pytest.approx(i2i.mean().item(), rel=0, abs=1e-15)
     assert report[f"t2t/NDCG@{k}"] == pytest.approx(t2t.mean().item(), rel=0, abs=1e-15)
 
 
 def test_every_cut_off_of_one_pass_equals_its_own_pass():
     image, text, caption_image, relevance = tied_graded_world()
-    together = graded_ndcg_at(text, text, caption_image, caption_image, relevance, ks=(50, 10, 20),
-                              exclude_self=True, chunk_size=16)
+    together = graded_ndcg_at(
+        text,
+        text,
+        caption_image,
+        caption_image,
+        relevance,
+        ks=(50, 10, 20),
+        exclude_self=True,
+        chunk_size=16,
+    )
     assert list(together) == [50, 10, 20]
     for k, values in together.items():
-        alone = graded_ndcg(text, text, caption_image, caption_image, relevance, k=k, exclude_self=True,
-                            chunk_size=16)
+        alone = graded_ndcg(
+            text,
+            text,
+            caption_image,
+            caption_image,
+            relevance,
+            k=k,
+            exclude_self=True,
+            chunk_size=16,
+        )
         # tied items may be summed in another order: equal up to the last bit of a float64 sum
         assert torch.allclose(values, alone, rtol=0, atol=1e-15)
 
@@ -115,15 +177,22 @@ def test_each_cut_off_scores_its_own_hand_computed_value():
     image = torch.tensor([[1.0], [3.0], [2.0], [1.0]])
     relevance = torch.eye(4)
     relevance[0, 2], relevance[0, 3] = 1.0, 0.5
-    half = 2 ** 0.5 - 1  # exponential gain of relevance 0.5
+    half = 2**0.5 - 1  # exponential gain of relevance 0.5
     discount = [1.0, 1 / math.log2(3), 0.5]
     expected = {  # DCG@k / IDCG@k of query 0, averaged over the four queries
         1: (0.0 / 1.0) / 4,
         2: (discount[1]) / (1.0 + half * discount[1]) / 4,
         3: (discount[1] + half * discount[2]) / (1.0 + half * discount[1]) / 4,
     }
-    report = retrieval_report(image, image, torch.arange(4), ["en"] * 4, ["a", "b", "c", "d"],
-                              image_relevance=relevance, unimodal_ndcg_ks=(1, 2, 3))
+    report = retrieval_report(
+        image,
+        image,
+        torch.arange(4),
+        ["en"] * 4,
+        ["a", "b", "c", "d"],
+        image_relevance=relevance,
+        unimodal_ndcg_ks=(1, 2, 3),
+    )
     for k, value in expected.items():
         assert report[f"i2i/NDCG@{k}"] == pytest.approx(value, abs=1e-12)
         assert report[f"t2t/NDCG@{k}"] == pytest.approx(value, abs=1e-12)

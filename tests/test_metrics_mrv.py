@@ -34,7 +34,9 @@ def test_report_reproduces_worked_example_from_embeddings():
     images = torch.cat([S_EN, S_DE], 1)
     captions = torch.eye(6)
     caption_image = torch.tensor([0, 1, 2, 0, 1, 2])
-    report = retrieval_report(images, captions, caption_image, ["en"] * 3 + ["de"] * 3, ["a", "b", "c"])
+    report = retrieval_report(
+        images, captions, caption_image, ["en"] * 3 + ["de"] * 3, ["a", "b", "c"]
+    )
     assert report["all/MRV_var/i2t"] == pytest.approx(0.416667, abs=1e-6)
     assert report["all/MRV_std/i2t"] == pytest.approx(0.5, abs=1e-6)
     assert report["all/MRV_var/t2i"] == pytest.approx(0.166667, abs=1e-6)
@@ -58,7 +60,11 @@ def test_matched_by_id_not_position_and_missing_language_dropped():
     # instance 10: ranks (1, 3); 30: (2, 4); 20 and 40 miss a language
     assert (variance, std, dropped) == pytest.approx((1.0, 1.0, 2))
     shuffle = torch.tensor([5, 3, 0, 4, 1, 2])
-    assert mean_rank_variance(instance[shuffle], language[shuffle], ranks[shuffle], 2) == (variance, std, dropped)
+    assert mean_rank_variance(instance[shuffle], language[shuffle], ranks[shuffle], 2) == (
+        variance,
+        std,
+        dropped,
+    )
 
 
 def test_repeated_instance_language_is_an_error():
@@ -77,9 +83,13 @@ def three_language_set(num_images=12, seed=0):
 
 def test_mrv_over_a_language_subset_equals_mrv_of_those_languages_alone():
     image, text, caption_image, languages, ids = three_language_set()
-    subset = retrieval_report(image, text, caption_image, languages, ids, mrv_languages=["en", "de"])
+    subset = retrieval_report(
+        image, text, caption_image, languages, ids, mrv_languages=["en", "de"]
+    )
     keep = [i for i, lang in enumerate(languages) if lang in ("en", "de")]
-    alone = retrieval_report(image, text[keep], caption_image[keep], [languages[i] for i in keep], ids)
+    alone = retrieval_report(
+        image, text[keep], caption_image[keep], [languages[i] for i in keep], ids
+    )
     everything = retrieval_report(image, text, caption_image, languages, ids)
     mrv_keys = [key for key in alone if key.startswith("all/")]
     assert {key: subset[key] for key in mrv_keys} == {key: alone[key] for key in mrv_keys}
@@ -90,7 +100,9 @@ def test_mrv_over_a_language_subset_equals_mrv_of_those_languages_alone():
 
 def test_mrv_languages_must_be_evaluated_languages():
     image, text, caption_image, languages, ids = three_language_set()
-    with pytest.raises(ValueError, match=r"mrv_languages \['en', 'zh'\] must be a non-empty subset"):
+    with pytest.raises(
+        ValueError, match=r"mrv_languages \['en', 'zh'\] must be a non-empty subset"
+    ):
         retrieval_report(image, text, caption_image, languages, ids, mrv_languages=["en", "zh"])
 
 

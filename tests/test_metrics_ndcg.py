@@ -14,16 +14,27 @@ def graded_from_scores(scores, relevance, k, gain="linear"):
     """Graded NDCG of a score matrix [Q, M] with a relevance per (query, candidate): each query and
     each candidate is its own item, and query_emb @ eye(M) reproduces the scores exactly."""
     num_queries, num_candidates = scores.shape
-    items = torch.zeros(num_queries + num_candidates, num_queries + num_candidates, dtype=torch.float64)
+    items = torch.zeros(
+        num_queries + num_candidates, num_queries + num_candidates, dtype=torch.float64
+    )
     items[:num_queries, num_queries:] = relevance
-    return graded_ndcg(scores, torch.eye(num_candidates), torch.arange(num_queries),
-                       num_queries + torch.arange(num_candidates), items, k=k, gain=gain)
+    return graded_ndcg(
+        scores,
+        torch.eye(num_candidates),
+        torch.arange(num_queries),
+        num_queries + torch.arange(num_candidates),
+        items,
+        k=k,
+        gain=gain,
+    )
 
 
 def test_binary_ndcg_hand_example_with_two_positives():
     # positives (captions 1 and 3) land at positions 1 and 3 of [c0, c1, c2, c3]
     scores = torch.tensor([[0.9, 0.8, 0.7, 0.6]])
-    _, ndcg = rank_and_ndcg(None, None, torch.tensor([0]), torch.tensor([9, 0, 9, 0]), scores=scores, ndcg_k=10)
+    _, ndcg = rank_and_ndcg(
+        None, None, torch.tensor([0]), torch.tensor([9, 0, 9, 0]), scores=scores, ndcg_k=10
+    )
     expected = (1 / math.log2(3) + 1 / math.log2(5)) / (1 + 1 / math.log2(3))
     assert ndcg.item() == pytest.approx(expected, abs=1e-12)
 
@@ -31,11 +42,15 @@ def test_binary_ndcg_hand_example_with_two_positives():
 def test_binary_ndcg_ties_are_averaged_and_cut_at_k():
     # the positive ties with two negatives at positions 1..3: mean discount over those positions
     scores = torch.tensor([[0.9, 0.5, 0.5, 0.5, 0.1]])
-    _, ndcg = rank_and_ndcg(None, None, torch.tensor([0]), torch.tensor([1, 1, 0, 1, 1]), scores=scores, ndcg_k=10)
+    _, ndcg = rank_and_ndcg(
+        None, None, torch.tensor([0]), torch.tensor([1, 1, 0, 1, 1]), scores=scores, ndcg_k=10
+    )
     expected = (1 / math.log2(3) + 1 / math.log2(4) + 1 / math.log2(5)) / 3
     assert ndcg.item() == pytest.approx(expected, abs=1e-12)
     # with k = 2 only position 1 of the block counts: 1/3 of its discount
-    _, ndcg_k2 = rank_and_ndcg(None, None, torch.tensor([0]), torch.tensor([1, 1, 0, 1, 1]), scores=scores, ndcg_k=2)
+    _, ndcg_k2 = rank_and_ndcg(
+        None, None, torch.tensor([0]), torch.tensor([1, 1, 0, 1, 1]), scores=scores, ndcg_k=2
+    )
     assert ndcg_k2.item() == pytest.approx((1 / math.log2(3)) / 3, abs=1e-12)
 
 
@@ -48,13 +63,17 @@ def test_graded_ndcg_hand_example_exponential_and_linear_gain():
     got = graded_from_scores(scores, relevance, k=10, gain="exponential")
     assert got.item() == pytest.approx((dcg / ideal).item(), abs=1e-12)
     linear = graded_from_scores(scores, relevance, k=10, gain="linear")
-    assert linear.item() == pytest.approx((0.5 + 1 / math.log2(3)) / (1 + 0.5 / math.log2(3)), abs=1e-12)
+    assert linear.item() == pytest.approx(
+        (0.5 + 1 / math.log2(3)) / (1 + 0.5 / math.log2(3)), abs=1e-12
+    )
 
 
 def test_graded_ndcg_excludes_self_and_zero_relevance_scores_zero():
     emb = torch.eye(3)
     relevance = torch.eye(3)  # only self is relevant, and self is excluded
-    ndcg = graded_ndcg(emb, emb, torch.arange(3), torch.arange(3), relevance, k=10, exclude_self=True)
+    ndcg = graded_ndcg(
+        emb, emb, torch.arange(3), torch.arange(3), relevance, k=10, exclude_self=True
+    )
     assert ndcg.tolist() == [0.0, 0.0, 0.0]
 
 
@@ -67,7 +86,9 @@ def test_agrees_with_torchmetrics(with_ties):
         scores = (scores * 2).round() / 2
     candidate_group = torch.randint(0, num_queries, (num_candidates,), generator=gen)
     candidate_group[:num_queries] = torch.arange(num_queries)  # every query has a positive
-    ranks, ndcg = rank_and_ndcg(None, None, torch.arange(num_queries), candidate_group, scores=scores, ndcg_k=k)
+    ranks, ndcg = rank_and_ndcg(
+        None, None, torch.arange(num_queries), candidate_group, scores=scores, ndcg_k=k
+    )
     target = candidate_group[None, :] == torch.arange(num_queries)[:, None]
     indexes = torch.arange(num_queries)[:, None].expand_as(scores)
     tm_ndcg = RetrievalNormalizedDCG(top_k=k)(scores.flatten(), target.flatten(), indexes.flatten())

@@ -9,8 +9,16 @@ import torch
 from metrics import retrieval_report
 from metrics.functional import mean_rank_variance
 
-ANNOTATIONS = (Path(__file__).resolve().parents[2] / "shared" / "data" / "real" / "iglue" / "datasets"
-               / "xFlickrCO" / "annotations")
+ANNOTATIONS = (
+    Path(__file__).resolve().parents[2]
+    / "shared"
+    / "data"
+    / "real"
+    / "iglue"
+    / "datasets"
+    / "xFlickrCO"
+    / "annotations"
+)
 LANGUAGES = ["en", "de", "es", "id", "ja", "ru", "tr", "zh"]
 
 
@@ -31,7 +39,9 @@ def test_xflickrco_mrv_matched_by_id_with_two_dropped():
     per_language = {lang: read_captions(lang) for lang in LANGUAGES}
     image_ids = sorted({image_id for pairs in per_language.values() for image_id, _ in pairs})
     assert len(image_ids) == 2000
-    assert {lang: 2000 - len(pairs) for lang, pairs in per_language.items() if len(pairs) != 2000} == {"de": 1, "id": 1}
+    assert {
+        lang: 2000 - len(pairs) for lang, pairs in per_language.items() if len(pairs) != 2000
+    } == {"de": 1, "id": 1}
     gen = torch.Generator().manual_seed(0)
     position = {image_id: i for i, image_id in enumerate(image_ids)}
     caption_image, caption_language = [], []
@@ -42,7 +52,9 @@ def test_xflickrco_mrv_matched_by_id_with_two_dropped():
             caption_language.append(lang)
     caption_image = torch.tensor(caption_image)
     image_emb = torch.nn.functional.normalize(torch.randn(2000, 32, generator=gen), dim=1)
-    text_emb = torch.nn.functional.normalize(image_emb[caption_image] + torch.randn(len(caption_image), 32, generator=gen), dim=1)
+    text_emb = torch.nn.functional.normalize(
+        image_emb[caption_image] + torch.randn(len(caption_image), 32, generator=gen), dim=1
+    )
     report = retrieval_report(image_emb, text_emb, caption_image, caption_language, image_ids)
     assert report["all/MRV_dropped"] == 2
     # independent check: per-language ranks from each language's own 2000 x T_lang matrix
@@ -56,7 +68,9 @@ def test_xflickrco_mrv_matched_by_id_with_two_dropped():
         # expected rank under random tie-breaking: float32 scores of 2000 x 2000 do tie now and then
         rows, threshold = scores[images], best[images, None]
         tied_positives = ((rows == threshold) & (owners[None, :] == images[:, None])).sum(1)
-        tr = (rows > threshold).sum(1) + ((rows == threshold).sum(1) - tied_positives) / (tied_positives + 1.0)
+        tr = (rows > threshold).sum(1) + ((rows == threshold).sum(1) - tied_positives) / (
+            tied_positives + 1.0
+        )
         tr_rows.append((images, tr, slot))
         ir = (scores > positive[None, :]).sum(0) + ((scores == positive[None, :]).sum(0) - 1) / 2.0
         ir_rows.append((owners, ir, slot))

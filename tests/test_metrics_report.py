@@ -12,7 +12,9 @@ LANGS = ["en", "de"]
 def make_set(num_images=40, dim=8, seed=0):
     gen = torch.Generator().manual_seed(seed)
     image = torch.randn(num_images, dim, generator=gen)
-    caption_image = torch.cat([torch.arange(num_images).repeat_interleave(2), torch.arange(num_images)])
+    caption_image = torch.cat(
+        [torch.arange(num_images).repeat_interleave(2), torch.arange(num_images)]
+    )
     languages = ["en"] * (2 * num_images) + ["de"] * num_images
     text = image[caption_image] + 2.0 * torch.randn(len(caption_image), dim, generator=gen)
     return image, text, caption_image, languages, [f"id{i}" for i in range(num_images)]
@@ -20,8 +22,12 @@ def make_set(num_images=40, dim=8, seed=0):
 
 def test_keys_follow_the_interface():
     report = retrieval_report(*make_set())
-    expected = {f"{lang}/{d}/{m}" for lang in LANGS for d in ("i2t", "t2i")
-                for m in ("R@1", "R@5", "R@10", "NDCG@10", "MRR", "MeanR", "MedR")}
+    expected = {
+        f"{lang}/{d}/{m}"
+        for lang in LANGS
+        for d in ("i2t", "t2i")
+        for m in ("R@1", "R@5", "R@10", "NDCG@10", "MRR", "MeanR", "MedR")
+    }
     expected |= {f"{lang}/mR" for lang in LANGS} | {"mR", "mR_non_en", "all/MRV", "all/MRV_dropped"}
     expected |= {f"all/MRV_{r}/{d}" for r in ("var", "std") for d in ("i2t", "t2i")}
     assert set(report) == expected
@@ -48,7 +54,9 @@ def test_oracle_reranker_lifts_positives_in_top_k_and_keeps_the_rest():
         return (candidate_index == caption_image[query_index][:, None]).float()
 
     plain = retrieval_report(image, text, caption_image, languages, ids)
-    reranked = retrieval_report(image, text, caption_image, languages, ids, reranker=oracle, rerank_k=5)
+    reranked = retrieval_report(
+        image, text, caption_image, languages, ids, reranker=oracle, rerank_k=5
+    )
     assert set(calls) == {"i2t", "t2i"}
     for lang in LANGS:
         for direction in ("i2t", "t2i"):
@@ -66,8 +74,15 @@ def test_relevance_matrix_adds_unimodal_ndcg_at_each_cut_off_and_only_then():
     unimodal = {f"{side}/NDCG@{k}" for side in ("i2i", "t2t") for k in (10, 20, 50)}
     assert set(report) == set(plain) | unimodal  # the default cut-offs, and nothing else changes
     assert {key: report[key] for key in plain} == plain
-    chosen = retrieval_report(image, text, caption_image, languages, ids, image_relevance=relevance,
-                              unimodal_ndcg_ks=[3, 7])
+    chosen = retrieval_report(
+        image,
+        text,
+        caption_image,
+        languages,
+        ids,
+        image_relevance=relevance,
+        unimodal_ndcg_ks=[3, 7],
+    )
     assert set(chosen) - set(plain) == {"i2i/NDCG@3", "t2t/NDCG@3", "i2i/NDCG@7", "t2t/NDCG@7"}
 
 

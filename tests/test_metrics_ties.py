@@ -32,7 +32,9 @@ def enumerated_expectations(scores: torch.Tensor, positive: torch.Tensor, ks=(1,
             reciprocal += Fraction(1, rank)
             rank_sum += rank
         count = len(orders)
-        per_query.append(({k: h / count for k, h in hits.items()}, reciprocal / count, rank_sum / count))
+        per_query.append(
+            ({k: h / count for k, h in hits.items()}, reciprocal / count, rank_sum / count)
+        )
     return per_query
 
 
@@ -60,7 +62,9 @@ def test_rounded_scores_give_the_expected_value_of_every_metric():
     assert mean_rank(ranks) == pytest.approx(float(want_mean), rel=1e-12)
     assert median_rank(ranks) == math.floor(median(float(m) for _, _, m in expected))
     expected_rank = best_positive_rank(None, None, query_group, candidate_group, scores=scores)
-    assert expected_rank.tolist() == pytest.approx([float(m) - 1 for _, _, m in expected], rel=1e-12)
+    assert expected_rank.tolist() == pytest.approx(
+        [float(m) - 1 for _, _, m in expected], rel=1e-12
+    )
 
 
 def chance_i2t_hit(num_captions: int, positives: int, k: int) -> Fraction:
@@ -72,7 +76,10 @@ def chance_i2t_hit(num_captions: int, positives: int, k: int) -> Fraction:
 def chance_reciprocal(num: int, positives: int) -> Fraction:
     """E[1 / (1-based position of the first positive)] in a uniformly random order."""
     total = math.comb(num, positives)
-    return sum(Fraction(math.comb(num - r, positives - 1), total) / r for r in range(1, num - positives + 2))
+    return sum(
+        Fraction(math.comb(num - r, positives - 1), total) / r
+        for r in range(1, num - positives + 2)
+    )
 
 
 def discounts(k):
@@ -85,8 +92,14 @@ def test_constant_scorer_scores_exactly_chance(captions_per_image):
     image = torch.ones(num_images, 4)
     caption_image = torch.arange(num_images).repeat_interleave(captions_per_image)
     text = torch.ones(len(caption_image), 4)
-    report = retrieval_report(image, text, caption_image, ["en"] * len(caption_image),
-                              [str(i) for i in range(num_images)], ndcg_k=k_ndcg)
+    report = retrieval_report(
+        image,
+        text,
+        caption_image,
+        ["en"] * len(caption_image),
+        [str(i) for i in range(num_images)],
+        ndcg_k=k_ndcg,
+    )
     num_captions = len(caption_image)
     for k in (1, 5, 10):
         assert report[f"en/t2i/R@{k}"] == pytest.approx(100 * k / num_images, rel=1e-12)

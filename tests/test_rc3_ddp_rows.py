@@ -45,8 +45,11 @@ def fixed_draws(monkeypatch):
 
     monkeypatch.setattr(rc3_module, "draw_triplet_rows", fixed_pair)
     monkeypatch.setattr(rc3_module, "mask_content", fixed_mask)
-    monkeypatch.setattr(rc3_module, "involution_pairs",
-                        lambda n, generator=None, device=None: torch.arange(n, device=device) ^ 1)
+    monkeypatch.setattr(
+        rc3_module,
+        "involution_pairs",
+        lambda n, generator=None, device=None: torch.arange(n, device=device) ^ 1,
+    )
 
 
 def rank_batches(rows, rank):
@@ -58,9 +61,16 @@ def rank_batches(rows, rank):
 def concatenated(parts):
     """The global batch: every process's rows in rank order."""
     first = parts[0]
-    return {k: (torch.cat([p[k] for p in parts]) if torch.is_tensor(v)
-                else v if isinstance(v, str) or k == "languages" else sum((p[k] for p in parts), []))
-            for k, v in first.items()}
+    return {
+        k: (
+            torch.cat([p[k] for p in parts])
+            if torch.is_tensor(v)
+            else v
+            if isinstance(v, str) or k == "languages"
+            else sum((p[k] for p in parts), [])
+        )
+        for k, v in first.items()
+    }
 
 
 class Step(nn.Module):
@@ -83,14 +93,21 @@ def train(step, module, batch, parallel):
         total, losses = step(batch, parallel)
         total.backward()
     values = {k: v.detach() for k, v in losses.items() if k != "kl"}
-    grads = {n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
-             for n, p in module.named_parameters()}
+    grads = {
+        n: (p.grad.clone() if p.grad is not None else torch.zeros_like(p))
+        for n, p in module.named_parameters()
+    }
     return values, grads, module.vt_tracker.p_avg(), module.xtcl_tracker.p_avg()
 
 
 def worker(rank, scenario, init_file, out_dir):
-    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD,
-                            timeout=timedelta(seconds=30))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{init_file}",
+        rank=rank,
+        world_size=WORLD,
+        timeout=timedelta(seconds=30),
+    )
     try:
         torch.set_num_threads(1)
         module = build()
@@ -107,12 +124,21 @@ def worker(rank, scenario, init_file, out_dir):
 @pytest.mark.parametrize("scenario", sorted(SCENARIOS))
 def test_processes_without_rows_of_a_pool_match_one_process(scenario, tmp_path, monkeypatch):
     fixed_draws(monkeypatch)  # before the fork: both processes and the reference draw alike
-    mp.start_processes(worker, args=(scenario, str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD,
-                       join=True, start_method="fork")
+    mp.start_processes(
+        worker,
+        args=(scenario, str(tmp_path / "init"), str(tmp_path)),
+        nprocs=WORLD,
+        join=True,
+        start_method="fork",
+    )
     parts = [rank_batches(rows, rank) for rank, rows in enumerate(SCENARIOS[scenario])]
     module = build()
     expected, expected_grads, *expected_p = train(
-        Step(module), module, concatenated([b for b, _ in parts]), concatenated([p for _, p in parts]))
+        Step(module),
+        module,
+        concatenated([b for b, _ in parts]),
+        concatenated([p for _, p in parts]),
+    )
     assert set(expected) == {"mclm", "itm", "probe", "rxvtcl", "xtcl"}
     for rank in range(WORLD):
         values, grads, p_avg = torch.load(tmp_path / f"rank{rank}.pt")
@@ -122,4 +148,3 @@ def test_processes_without_rows_of_a_pool_match_one_process(scenario, tmp_path, 
         for name, grad in expected_grads.items():
             assert torch.allclose(grads[name], grad, atol=1e-5), name
         assert p_avg == pytest.approx(expected_p, abs=1e-6) and min(expected_p) > 0
-

@@ -23,7 +23,10 @@ SHARES = [slice(0, 6), slice(6, 10)]  # unequal: 6 and 4 rows, whole partner pai
 
 def inputs():
     g = torch.Generator().manual_seed(3)
-    return {k: torch.randn(N, D, generator=g) for k in ("src", "tgt", "va", "vp", "c1", "c2", "ti", "tj")}
+    return {
+        k: torch.randn(N, D, generator=g)
+        for k in ("src", "tgt", "va", "vp", "c1", "c2", "ti", "tj")
+    }
 
 
 def local_perm(n):
@@ -37,8 +40,9 @@ def terms(weight, x, tracker):
     xtcl = xtcl_loss(mapped["src"], mapped["tgt"], alpha)
     perm = local_perm(len(x["va"]))
     d_tr = textual_distances(x["ti"], x["tj"], perm)
-    loss_vec, raw, kl = rxvtcl_vectors(mapped["va"], mapped["vp"], mapped["c1"], mapped["c2"], perm,
-                                       alpha, d_tr=d_tr)
+    loss_vec, raw, kl = rxvtcl_vectors(
+        mapped["va"], mapped["vp"], mapped["c1"], mapped["c2"], perm, alpha, d_tr=d_tr
+    )
     rxvtcl = row_layout(len(loss_vec), loss_vec.device).global_mean(loss_vec)
     tracker.update(global_mean_scalar(raw))
     return {"xtcl": xtcl.loss, "rxvtcl": rxvtcl, "total": xtcl.loss + rxvtcl}
@@ -71,8 +75,13 @@ def worker(rank, init_file, out_dir):
 
 
 def test_two_unequal_processes_match_one_process_with_the_global_batch(tmp_path):
-    mp.start_processes(worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD,
-                       join=True, start_method="fork")
+    mp.start_processes(
+        worker,
+        args=(str(tmp_path / "init"), str(tmp_path)),
+        nprocs=WORLD,
+        join=True,
+        start_method="fork",
+    )
     # one process: the same pairs (perm is block-wise the same), every row at once
     expected_values, expected_grad, expected_p = run(slice(0, N))
     for rank in range(WORLD):

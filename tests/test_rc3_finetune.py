@@ -52,20 +52,27 @@ def pipeline(*overrides, languages=LANGUAGES):
 
 # ---- the loss and its candidates -----------------------------------------------------------------
 
+
 def test_four_way_loss_is_the_cross_entropy_with_the_true_pair_first():
     logits = torch.tensor([[2.0, 0.0, -1.0, 1.0], [0.0, 3.0, 0.0, 0.0]])
-    by_hand = [-math.log(math.exp(2) / (math.exp(2) + 1 + math.exp(-1) + math.exp(1))),
-               -math.log(1 / (1 + math.exp(3) + 1 + 1))]
+    by_hand = [
+        -math.log(math.exp(2) / (math.exp(2) + 1 + math.exp(-1) + math.exp(1))),
+        -math.log(1 / (1 + math.exp(3) + 1 + 1)),
+    ]
     assert four_way_loss(logits).tolist() == pytest.approx(by_hand, rel=1e-6)
 
 
 def test_negatives_come_from_other_images_and_the_hard_one_is_the_first_stages_best():
     same = same_image_rows(["a", "b", "a", "c"])
     assert same.tolist()[0] == [True, False, True, False]
-    similarity = torch.tensor([[9.0, 1.0, 8.0, 2.0],   # row 2 shows image a too: not a negative
-                               [0.0, 9.0, 5.0, 6.0],
-                               [3.0, 1.0, 9.0, 0.0],
-                               [7.0, 2.0, 1.0, 9.0]])
+    similarity = torch.tensor(
+        [
+            [9.0, 1.0, 8.0, 2.0],  # row 2 shows image a too: not a negative
+            [0.0, 9.0, 5.0, 6.0],
+            [3.0, 1.0, 9.0, 0.0],
+            [7.0, 2.0, 1.0, 9.0],
+        ]
+    )
     torch.manual_seed(0)
     draws = [itr_negatives(similarity, same) for _ in range(200)]
     assert draws[0][2].tolist() == [3, 3, 1, 0]
@@ -90,11 +97,22 @@ def test_the_four_candidates_are_scored_by_the_itm_head():
         logits = module.candidate_logits(visual, captions, mask, negatives)
     random_caption, random_image, hard_caption = negatives
     for row in range(4):
-        pairs = [(row, row), (row, random_caption[row]), (random_image[row], row), (row, hard_caption[row])]
+        pairs = [
+            (row, row),
+            (row, random_caption[row]),
+            (random_image[row], row),
+            (row, hard_caption[row]),
+        ]
         for column, (image, caption) in enumerate(pairs):
-            alone = module.match_logits(visual.rows(torch.tensor([int(image)])),
-                                        captions[[int(caption)]], mask[[int(caption)]])
-            assert logits[row, column].item() == pytest.approx(alone.item(), abs=1e-5), (row, column)
+            alone = module.match_logits(
+                visual.rows(torch.tensor([int(image)])),
+                captions[[int(caption)]],
+                mask[[int(caption)]],
+            )
+            assert logits[row, column].item() == pytest.approx(alone.item(), abs=1e-5), (
+                row,
+                column,
+            )
 
 
 def test_the_loss_takes_the_probes_hard_negatives_and_strict_rows_as_anchors(monkeypatch):
@@ -116,7 +134,9 @@ def test_the_loss_takes_the_probes_hard_negatives_and_strict_rows_as_anchors(mon
     losses = seeded_finetune_losses(module, batch)
     assert set(losses) == {"itr", "probe"}
     strict = torch.tensor([i not in (1, 4) for i in range(8)])
-    assert losses["itr"].item() == pytest.approx(four_way_loss(seen["logits"])[strict].mean().item())
+    assert losses["itr"].item() == pytest.approx(
+        four_way_loss(seen["logits"])[strict].mean().item()
+    )
     with torch.no_grad():
         mask = batch["attention_mask"][:, 0]
         visual = module.visual_tokens(batch["images"])
@@ -127,6 +147,7 @@ def test_the_loss_takes_the_probes_hard_negatives_and_strict_rows_as_anchors(mon
 
 
 # ---- English only --------------------------------------------------------------------------------
+
 
 def test_only_english_captions_reach_fine_tuning():
     data = FakeDataModule()
@@ -155,6 +176,7 @@ def test_the_fine_tuning_loader_holds_english_captions_in_batches_of_its_own_siz
 
 # ---- the start from pre-training, what trains, how ---------------------------------------------
 
+
 def saved(module, path):
     torch.save({"state_dict": module.state_dict()}, path)
     return path
@@ -176,7 +198,9 @@ def test_fine_tuning_starts_from_the_pretrained_weights(tmp_path):
         trained.itm_head.weight.mul_(-1.0)
     other = finetune.build(saved(trained, tmp_path / "b.ckpt"))
     batch = train_batch()
-    assert seeded_finetune_losses(start, batch)["itr"] != seeded_finetune_losses(other, batch)["itr"]
+    assert (
+        seeded_finetune_losses(start, batch)["itr"] != seeded_finetune_losses(other, batch)["itr"]
+    )
 
 
 def snapshot(module):
@@ -224,8 +248,10 @@ def test_an_unknown_fine_tuning_optim_key_is_a_clear_error():
 
 # ---- protocols -----------------------------------------------------------------------------------
 
-@pytest.mark.parametrize("protocol,stages", [("fine-tune-en", [PRETRAIN, FINETUNE]),
-                                             ("pretrain-only", [PRETRAIN])])
+
+@pytest.mark.parametrize(
+    "protocol,stages", [("fine-tune-en", [PRETRAIN, FINETUNE]), ("pretrain-only", [PRETRAIN])]
+)
 def test_the_protocol_picks_the_stages_and_is_the_label(protocol, stages):
     cfg = compose(["method=rc3", f"protocol={protocol}"])
     assert cfg.protocol == cfg.method.run_protocol == protocol  # what metrics.json records
@@ -233,7 +259,8 @@ def test_the_protocol_picks_the_stages_and_is_the_label(protocol, stages):
     assert [s.name for s in built] == stages
     assert [(s.max_steps, s.budget_key) for s in built] == [
         (cfg.method.pretrain.max_steps, "method.pretrain.max_steps"),
-        (cfg.method.finetune.max_steps, "method.finetune.max_steps")][: len(stages)]
+        (cfg.method.finetune.max_steps, "method.finetune.max_steps"),
+    ][: len(stages)]
 
 
 def test_fine_tune_en_is_the_default():
@@ -241,9 +268,14 @@ def test_fine_tune_en_is_the_default():
     assert compose(["method=rc3_paper"]).protocol == "fine-tune-en"
 
 
-@pytest.mark.parametrize("protocol,message", [("default", "is not one of"),
-                                              ("zero-shot", "is not one of"),
-                                              ("fine-tune-de", "is not one of")])
+@pytest.mark.parametrize(
+    "protocol,message",
+    [
+        ("default", "is not one of"),
+        ("zero-shot", "is not one of"),
+        ("fine-tune-de", "is not one of"),
+    ],
+)
 def test_a_wrong_protocol_is_a_one_line_error(protocol, message):
     for make in (lambda: pipeline(f"protocol={protocol}"), lambda: build(f"protocol={protocol}")):
         with pytest.raises(ValueError, match=message) as error:

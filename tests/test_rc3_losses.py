@@ -34,19 +34,26 @@ def test_hand_example_of_interpolated_negatives():  # §9.2
     lam = interpolation_weights(D_POS, D_NEG, 0.9 * 0.5)
     assert lam.tolist()[0] == pytest.approx([0.535887, 1.0], abs=1e-6)
     assert (lam * D_NEG).tolist()[0] == pytest.approx([2.143547, 0.5], abs=1e-6)
-    closed = D_POS.item() ** 0.45 * 4.0 ** 0.55
+    closed = D_POS.item() ** 0.45 * 4.0**0.55
     assert (lam * D_NEG)[0, 0].item() == pytest.approx(closed, rel=1e-6)
     expected = [0.992699, 1.027523, 1.087689, 1.167739, 1.255773]
-    got = [interpolated_contrastive(D_POS, D_NEG, 0.9 * p)[0].item() for p in (0, 0.25, 0.5, 0.75, 1)]
+    got = [
+        interpolated_contrastive(D_POS, D_NEG, 0.9 * p)[0].item() for p in (0, 0.25, 0.5, 0.75, 1)
+    ]
     assert got == pytest.approx(expected, abs=1e-6)
     # the raw (Eq. 4) loss ignores α: it is what feeds the tracker
-    assert interpolated_contrastive(D_POS, D_NEG, 0.45)[1].item() == pytest.approx(0.992699, abs=1e-6)
+    assert interpolated_contrastive(D_POS, D_NEG, 0.45)[1].item() == pytest.approx(
+        0.992699, abs=1e-6
+    )
 
 
 def test_interpolation_bounds_on_random_inputs():  # §9.3
     g = torch.Generator().manual_seed(0)
-    anchor, positive, negatives = (torch.randn(32, 8, generator=g), torch.randn(32, 8, generator=g),
-                                   torch.randn(32, 5, 8, generator=g))
+    anchor, positive, negatives = (
+        torch.randn(32, 8, generator=g),
+        torch.randn(32, 8, generator=g),
+        torch.randn(32, 5, 8, generator=g),
+    )
     d_pos, d_neg = euclidean(anchor, positive), euclidean(anchor, negatives)
     for alpha in (0.0, 0.3, 0.9):
         lam = interpolation_weights(d_pos, d_neg, alpha)
@@ -82,7 +89,9 @@ D_TR = torch.tensor([[1.0, 2.0, 3.0]])
 
 def test_kl_hand_examples():  # §9.5
     assert (-D_TR).softmax(1).tolist()[0] == pytest.approx(P_TR, abs=1e-6)
-    assert relevance_kl(torch.tensor([[2.0, 2, 2]]), D_TR).item() == pytest.approx(0.308994, abs=1e-6)
+    assert relevance_kl(torch.tensor([[2.0, 2, 2]]), D_TR).item() == pytest.approx(
+        0.308994, abs=1e-6
+    )
     d_vt = torch.tensor([[3.0, 2, 2]])
     assert (-d_vt).softmax(1).tolist()[0] == pytest.approx([0.155362, 0.422319, 0.422319], abs=1e-6)
     assert relevance_kl(d_vt, D_TR).item() == pytest.approx(0.657205, abs=1e-6)
@@ -93,8 +102,13 @@ def test_kl_vanishes_for_shifted_distances_and_is_nonnegative():  # §9.6
     d_tr = torch.rand(16, 3, generator=g) * 4
     for c in (0.0, 1.7, -0.3):
         assert torch.allclose(relevance_kl(d_tr + c, d_tr), torch.zeros(16), atol=1e-6)
-    assert (relevance_kl(torch.rand(64, 3, generator=g) * 5, torch.rand(64, 3, generator=g) * 5) >= -1e-7).all()
-    assert relevance_kl(torch.full((1, 3), 2.0), torch.full((1, 3), 0.5)).item() == pytest.approx(0, abs=1e-7)
+    assert (
+        relevance_kl(torch.rand(64, 3, generator=g) * 5, torch.rand(64, 3, generator=g) * 5)
+        >= -1e-7
+    ).all()
+    assert relevance_kl(torch.full((1, 3), 2.0), torch.full((1, 3), 0.5)).item() == pytest.approx(
+        0, abs=1e-7
+    )
 
 
 def test_weak_loss_equals_strict_loss_when_relevance_matches_or_kl_is_off():  # §9.6
@@ -102,9 +116,13 @@ def test_weak_loss_equals_strict_loss_when_relevance_matches_or_kl_is_off():  # 
     anchor, positive, c1, c2 = (torch.randn(4, 8, generator=g) for _ in range(4))
     perm = torch.tensor([1, 0, 3, 2])
     strict, _, _ = rxvtcl_vectors(anchor, positive, c1, c2, perm, 0.4)
-    d_vt = torch.stack([euclidean(anchor, positive), euclidean(anchor, c1), euclidean(anchor, c2)], 1)
+    d_vt = torch.stack(
+        [euclidean(anchor, positive), euclidean(anchor, c1), euclidean(anchor, c2)], 1
+    )
     matched, _, kl = rxvtcl_vectors(anchor, positive, c1, c2, perm, 0.4, d_tr=d_vt + 0.7)
-    assert torch.allclose(matched, strict, atol=1e-6) and torch.allclose(kl, torch.zeros(4), atol=1e-6)
+    assert torch.allclose(matched, strict, atol=1e-6) and torch.allclose(
+        kl, torch.zeros(4), atol=1e-6
+    )
     mismatched, _, kl = rxvtcl_vectors(anchor, positive, c1, c2, perm, 0.4, d_tr=d_vt.flip(1))
     assert (kl > 1e-4).all() and torch.allclose(mismatched, strict + kl)
 
@@ -128,6 +146,7 @@ def test_kl_minimiser_grows_with_textual_distance():  # §9.8
 def test_negative_bookkeeping_with_coded_pairs():  # §9.9
     def code(image, text_image, side):  # (image id, text id) -> a unique vector
         return torch.tensor([float(image), float(text_image), float(side)])
+
     n = 4
     anchor = torch.stack([code(b, b, 0) for b in range(n)])
     positive = torch.stack([code(b, b, 1) for b in range(n)])
@@ -135,7 +154,14 @@ def test_negative_bookkeeping_with_coded_pairs():  # §9.9
     c1 = torch.stack([code(b, int(perm[b]), 0) for b in range(n)])
     c2 = torch.stack([code(b, int(perm[b]), 1) for b in range(n)])
     negatives = rxvtcl_negatives(anchor, positive, c1, c2, perm)
-    expected = [code(0, 1, 0), code(0, 1, 1), code(1, 0, 0), code(1, 0, 1), code(1, 1, 0), code(1, 1, 1)]
+    expected = [
+        code(0, 1, 0),
+        code(0, 1, 1),
+        code(1, 0, 0),
+        code(1, 0, 1),
+        code(1, 1, 0),
+        code(1, 1, 1),
+    ]
     assert torch.equal(negatives[0], torch.stack(expected))
     assert torch.equal(positive[0], code(0, 0, 1))
 
@@ -151,6 +177,7 @@ def test_involution_pairs():
 
 def test_xtcl_mask_keeps_exactly_the_other_texts(monkeypatch):  # §9.10
     import methods.layers.euclidean_contrastive as ec
+
     seen = {}
     original = ec.interpolated_contrastive
 
@@ -181,7 +208,7 @@ def test_pairwise_distance_is_exact_for_close_points_of_large_norm():
     was wrong by ~4e-3 here (and the self-distance 3e-3 instead of 0)."""
     g = torch.Generator().manual_seed(0)
     centre = torch.randn(32, generator=g)
-    centre = centre / centre.norm() * 32 ** 0.5
+    centre = centre / centre.norm() * 32**0.5
     a = centre + 0.01 * torch.randn(8, 32, generator=g)
     b = torch.cat([a, centre + 0.01 * torch.randn(8, 32, generator=g)])
     exact = (a[:, None].double() - b[None].double()).pow(2).sum(-1).sqrt()

@@ -6,7 +6,7 @@ import copy
 
 import pytest
 import torch
-from rc3_helpers import B, LANGUAGES, Info, build, parallel_batch, train_batch, with_tiny_regions
+from rc3_helpers import LANGUAGES, B, Info, build, parallel_batch, train_batch, with_tiny_regions
 
 from methods.layers.seq2seq import Encoded
 from methods.rc3 import VisualInput, mask_content
@@ -22,17 +22,25 @@ def seeded_losses(module, batch, seed=0):
 def grad_owners(module, loss):
     module.zero_grad()
     loss.backward(retain_graph=True)
-    return {n for n, p in module.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0}
+    return {
+        n for n, p in module.named_parameters() if p.grad is not None and p.grad.abs().sum() > 0
+    }
 
 
 def test_each_objective_trains_exactly_its_parts():
     module = build()
     losses = seeded_losses(module, train_batch(weak=WEAK))
     assert set(losses) == {"mclm", "itm", "probe", "rxvtcl", "kl", "xtcl"}
-    owners = {name: grad_owners(module, losses[name]) for name in ("mclm", "itm", "probe", "rxvtcl", "xtcl")}
+    owners = {
+        name: grad_owners(module, losses[name])
+        for name in ("mclm", "itm", "probe", "rxvtcl", "xtcl")
+    }
     decoder = {n for n in owners["mclm"] if n.startswith("net.model.decoder.")}
-    assert decoder and not any(n.startswith("net.model.decoder.") for k in ("itm", "rxvtcl", "xtcl", "probe")
-                               for n in owners[k])
+    assert decoder and not any(
+        n.startswith("net.model.decoder.")
+        for k in ("itm", "rxvtcl", "xtcl", "probe")
+        for n in owners[k]
+    )
     assert owners["probe"] == {n for n, _ in module.named_parameters() if n.startswith("probe_")}
     assert "itm_head.weight" in owners["itm"] and "itm_head.weight" not in owners["rxvtcl"]
     assert any(n.startswith("mlm_head.transform") for n in owners["mclm"])
@@ -116,6 +124,7 @@ def test_unknown_variant_is_a_clear_error():
 
 def test_variant_changes_the_leaderboard_label():
     from experiments.config import compose, method_label
+
     assert method_label(compose(["method=rc3", "variant=no_kl"])) == "rc3+no_kl"
     default = compose(["method=rc3"]).evaluation  # the paper's scorer: the ITM head over every pair
     assert (default.scorer, default.rerank_k) == ("cross_encoder", 0)
@@ -144,7 +153,9 @@ def test_strict_rois_weak_patches_and_combined_layout():  # §9.12
 
     def spy(ids, mask, visual=None, visual_mask=None):
         out = encode(ids, mask, visual, visual_mask)
-        seen.append((None if visual is None else visual.shape[1], ids.shape[1], out.states.shape[1]))
+        seen.append(
+            (None if visual is None else visual.shape[1], ids.shape[1], out.states.shape[1])
+        )
         return out
 
     module.net.encode = spy
@@ -157,7 +168,9 @@ def test_strict_rois_weak_patches_and_combined_layout():  # §9.12
     rois = module.net.visual.rois(batch["roi_features"][:2])
     tokens = module.net.combined_tokens(rois, module.net.visual.patches(batch["images"][:2]))
     sep = module.net.embed(torch.tensor([module.net.special_ids["sep"]]))[0]
-    assert torch.equal(tokens[0, 4], sep)  # [SEP] right after the ROIs (position 37 at 36 ROIs, after [CLS])
+    assert torch.equal(
+        tokens[0, 4], sep
+    )  # [SEP] right after the ROIs (position 37 at 36 ROIs, after [CLS])
 
 
 def test_roi_input_without_features_is_a_clear_error():
@@ -181,7 +194,9 @@ def test_grid_regions_stand_in_for_missing_roi_features_and_never_train():  # §
     images = train_batch()["images"][:2]
     regions = module.regions(images)
     assert regions.shape == (2, (16 // 8) ** 2, 8)  # one region per patch, the global token dropped
-    assert torch.equal(module.eval_visual(images).tokens, module.net.visual.rois(regions))  # evaluation too
+    assert torch.equal(
+        module.eval_visual(images).tokens, module.net.visual.rois(regions)
+    )  # evaluation too
 
 
 @pytest.mark.parametrize("variant", ["full", "no_weak", "no_rxvtcl", "no_rxvtcl_xtcl"])
@@ -207,7 +222,9 @@ def test_shipped_roi_features_win_over_grid_regions():
     seen = []
     encode = module.net.encode
     module.net.encode = lambda ids, mask, visual=None, visual_mask=None: (
-        seen.append(None if visual is None else visual.shape[1]) or encode(ids, mask, visual, visual_mask))
+        seen.append(None if visual is None else visual.shape[1])
+        or encode(ids, mask, visual, visual_mask)
+    )
     seeded_losses(module, batch)
     assert not calls and 3 in seen
 
@@ -219,15 +236,22 @@ def test_absent_shipped_regions_are_masked_out():
     batch = train_batch(weak=WEAK)
     batch["roi_features"] = torch.randn(B, 4, 8)
     batch["roi_mask"] = torch.arange(4) < torch.tensor([2, 3, 4, 1, 4, 2, 3, 4])[:, None]
-    noisy = dict(batch, roi_features=batch["roi_features"].masked_fill(~batch["roi_mask"][..., None], 7.0))
-    base, other = seeded_losses(with_tiny_regions(), batch), seeded_losses(with_tiny_regions(), noisy)
+    noisy = dict(
+        batch, roi_features=batch["roi_features"].masked_fill(~batch["roi_mask"][..., None], 7.0)
+    )
+    base, other = (
+        seeded_losses(with_tiny_regions(), batch),
+        seeded_losses(with_tiny_regions(), noisy),
+    )
     assert base.keys() == other.keys()
     for name in base:
         torch.testing.assert_close(base[name], other[name])
     module = with_tiny_regions().eval()
     images, rois = batch["images"][:1], batch["roi_features"][:1]
     with torch.no_grad():
-        padded = module.image_only_features(module.visual_tokens(images, rois, batch["roi_mask"][:1]))
+        padded = module.image_only_features(
+            module.visual_tokens(images, rois, batch["roi_mask"][:1])
+        )
         alone = module.image_only_features(module.visual_tokens(images, rois[:, :2]))
     torch.testing.assert_close(padded, alone)
 
@@ -254,7 +278,9 @@ def test_mlm_masks_fifteen_percent_of_content_tokens_only():  # §9.13
         masked, labels = mask_content(ids, mask, Info.mask_token_id, specials, 0.15)
         chosen = labels != -100
         assert not (chosen & ~content).any()
-        assert (masked[chosen] == Info.mask_token_id).all() and torch.equal(masked[~chosen], ids[~chosen])
+        assert (masked[chosen] == Info.mask_token_id).all() and torch.equal(
+            masked[~chosen], ids[~chosen]
+        )
         rates.append(chosen.sum() / content.sum())
     assert float(torch.stack(rates).mean()) == pytest.approx(0.15, abs=0.01)
 
@@ -272,6 +298,7 @@ def test_decoder_targets_are_the_other_language(monkeypatch):  # §9.13
     batch = train_batch()
     captured = {}
     from methods import rc3 as rc3_module
+
     Triplets = rc3_module.Triplets
 
     class Spy(Triplets):
@@ -322,6 +349,7 @@ def test_the_modules_kl_gradient_lowers_the_kl(monkeypatch):
     against the same (detached) textual target. The live KL can still rise: the step moves the
     shared encoder, hence TR and P_tr, too (see docs/rc3.md)."""
     import methods.rc3 as rc3_module
+
     module, _, _ = smoke_train("no_kl", steps=20)
     batch = train_batch(weak=[i >= 8 for i in range(16)], n=16)
     trackers = copy.deepcopy(module.vt_tracker.state_dict())
@@ -361,7 +389,9 @@ def test_match_logits_score_each_pair_with_the_itm_head():
     visual = module.net.visual.patches(batch["images"][:3])
     ids = module.net.tag_source(batch["input_ids"][:3, 0], batch["attention_mask"][:3, 0], "en")
     got = module.match_logits(VisualInput(visual), ids, batch["attention_mask"][:3, 0])
-    one = module.itm_head(module.net.encode(ids[1:2], batch["attention_mask"][1:2, 0], visual[1:2]).pooled)
+    one = module.itm_head(
+        module.net.encode(ids[1:2], batch["attention_mask"][1:2, 0], visual[1:2]).pooled
+    )
     assert got[1].item() == pytest.approx(one.item(), abs=1e-5)
     assert isinstance(module.net.encode(ids, batch["attention_mask"][:3, 0]), Encoded)
 
@@ -370,8 +400,9 @@ def test_evaluation_embeddings_do_not_depend_on_the_batch_they_come_in():
     """Issue 16: a caption's first-stage embedding is bit-identical whether it is encoded with 11
     others, alone, or in a split batch, and whatever its batch was padded to (CPU kernels round
     differently per shape; on near-tied t2t scores that reordered a DDP run's ranking)."""
-    module = build("method.backbone.d_model=64", "method.backbone.heads=4",
-                   "method.backbone.ffn_dim=128").eval()
+    module = build(
+        "method.backbone.d_model=64", "method.backbone.heads=4", "method.backbone.ffn_dim=128"
+    ).eval()
     module.caption_languages = lambda index: ["en"] * len(index)
     batch = train_batch(n=12)
     ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
@@ -386,6 +417,10 @@ def test_evaluation_embeddings_do_not_depend_on_the_batch_they_come_in():
     with torch.no_grad():
         together = texts(list(range(12)), ids.shape[1])
         assert torch.equal(texts([3], int(mask[3].sum())), together[3:4])
-        assert torch.equal(torch.cat([texts(list(range(5)), ids.shape[1]),
-                                      texts(list(range(5, 12)), ids.shape[1])]), together)
+        assert torch.equal(
+            torch.cat(
+                [texts(list(range(5)), ids.shape[1]), texts(list(range(5, 12)), ids.shape[1])]
+            ),
+            together,
+        )
         assert torch.equal(images([2]), images(list(range(12)))[2:3])

@@ -12,19 +12,35 @@ from methods.rc3 import RC3
 
 def saved_mbart(folder, vocab):
     torch.manual_seed(0)
-    config = MBartConfig(vocab_size=vocab, d_model=32, encoder_layers=1, decoder_layers=1,
-                         encoder_attention_heads=2, decoder_attention_heads=2, encoder_ffn_dim=64,
-                         decoder_ffn_dim=64, max_position_embeddings=64, scale_embedding=True,
-                         pad_token_id=Info.pad_token_id, bos_token_id=Info.cls_token_id,
-                         eos_token_id=Info.eos_token_id)
+    config = MBartConfig(
+        vocab_size=vocab,
+        d_model=32,
+        encoder_layers=1,
+        decoder_layers=1,
+        encoder_attention_heads=2,
+        decoder_attention_heads=2,
+        encoder_ffn_dim=64,
+        decoder_ffn_dim=64,
+        max_position_embeddings=64,
+        scale_embedding=True,
+        pad_token_id=Info.pad_token_id,
+        bos_token_id=Info.cls_token_id,
+        eos_token_id=Info.eos_token_id,
+    )
     model = MBartModel(config)
     model.save_pretrained(folder)
     return model
 
 
 def paper(folder, *overrides):
-    cfg = compose(["method=rc3_paper", f"method.backbone.pretrained={folder}",
-                   "method.anchors_per_task=8", *overrides])
+    cfg = compose(
+        [
+            "method=rc3_paper",
+            f"method.backbone.pretrained={folder}",
+            "method.anchors_per_task=8",
+            *overrides,
+        ]
+    )
     return RC3(cfg.method, cfg.optim, Info(image_size=64), cfg.evaluation)
 
 

@@ -32,14 +32,20 @@ class TinyTestSet(L.LightningDataModule):
 
     def test_dataloader(self):
         images = [{"images": self.images[i], "index": torch.tensor(i)} for i in range(N_IMAGES)]
-        texts = [{"input_ids": self.ids[i], "attention_mask": self.mask[i], "index": torch.tensor(i)}
-                 for i in range(len(self.ids))]
+        texts = [
+            {"input_ids": self.ids[i], "attention_mask": self.mask[i], "index": torch.tensor(i)}
+            for i in range(len(self.ids))
+        ]
         return [DataLoader(images, batch_size=4), DataLoader(texts, batch_size=4)]
 
     def eval_view(self, split):
-        return SimpleNamespace(caption_image=self.caption_image, caption_language=self.caption_language,
-                               image_ids=[f"img{i}" for i in range(N_IMAGES)], relevance=torch.eye(N_IMAGES),
-                               mrv_languages=None)
+        return SimpleNamespace(
+            caption_image=self.caption_image,
+            caption_language=self.caption_language,
+            image_ids=[f"img{i}" for i in range(N_IMAGES)],
+            relevance=torch.eye(N_IMAGES),
+            mrv_languages=None,
+        )
 
 
 @pytest.fixture
@@ -56,8 +62,14 @@ def reported(monkeypatch):
 
 
 def test_report(module, data):
-    trainer = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        devices=1,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.test(module.eval(), datamodule=data, verbose=False)
     return module.last_report
 
@@ -74,10 +86,17 @@ def head_on_each_pair(module, data):
             row = []
             for caption, language in enumerate(data.caption_language):
                 length = int(data.mask[caption].sum())
-                ids = module.tag(data.ids[caption:caption + 1, :length], data.mask[caption:caption + 1, :length],
-                                 language)
-                pooled = module.net.encode(ids, data.mask[caption:caption + 1, :length],
-                                           visual.tokens[image:image + 1], visual.mask[image:image + 1]).pooled
+                ids = module.tag(
+                    data.ids[caption : caption + 1, :length],
+                    data.mask[caption : caption + 1, :length],
+                    language,
+                )
+                pooled = module.net.encode(
+                    ids,
+                    data.mask[caption : caption + 1, :length],
+                    visual.tokens[image : image + 1],
+                    visual.mask[image : image + 1],
+                ).pooled
                 row.append(module.itm_head(pooled)[0, 0])
             rows.append(torch.stack(row))
     return torch.stack(rows)
@@ -93,11 +112,15 @@ def test_rc3_ranks_every_candidate_by_its_own_itm_head(reported):
     # batched calls pad captions to their longest: the same pair can round ~1e-7 apart on CPU
     torch.testing.assert_close(scores, head_on_each_pair(module, data), rtol=0, atol=1e-5)
     for slot, lang in enumerate(EVAL_LANGUAGES):
-        block = scores[:, slot * N_IMAGES:(slot + 1) * N_IMAGES]  # [image, caption of this language]
+        block = scores[
+            :, slot * N_IMAGES : (slot + 1) * N_IMAGES
+        ]  # [image, caption of this language]
         gold = block.diagonal()
         i2t_rank = (block > gold[:, None]).sum(1)
         t2i_rank = (block > gold[None, :]).sum(0)
-        assert report[f"{lang}/i2t/R@1"] == pytest.approx(100 * (i2t_rank == 0).double().mean().item())
+        assert report[f"{lang}/i2t/R@1"] == pytest.approx(
+            100 * (i2t_rank == 0).double().mean().item()
+        )
         assert report[f"{lang}/t2i/MeanR"] == pytest.approx(t2i_rank.double().mean().item() + 1)
 
 
@@ -125,14 +148,21 @@ def test_the_probe_has_no_say_in_rc3s_scores():
 
 def test_rc3_pair_scorer_scores_the_pairs_it_is_given():
     module, data = build().eval(), TinyTestSet()
-    tagged = torch.stack([module.tag(data.ids[c:c + 1], data.mask[c:c + 1], lang)[0]
-                          for c, lang in enumerate(data.caption_language)])
+    tagged = torch.stack(
+        [
+            module.tag(data.ids[c : c + 1], data.mask[c : c + 1], lang)[0]
+            for c, lang in enumerate(data.caption_language)
+        ]
+    )
     with torch.no_grad():
         visual = module.visual_tokens(data.images)
-        scorer = module.cross_encoder({"tokens": visual.tokens, "mask": visual.mask},
-                                      {"input_ids": tagged, "attention_mask": data.mask})
+        scorer = module.cross_encoder(
+            {"tokens": visual.tokens, "mask": visual.mask},
+            {"input_ids": tagged, "attention_mask": data.mask},
+        )
         block = scorer.captions(torch.tensor([7, 2]))
         got = scorer.score(torch.tensor([5, 0, 5]), block, torch.tensor([0, 1, 1]))
-        expected = module.match_logits(VisualInput(visual.tokens[[5, 0, 5]]), tagged[[7, 2, 2]],
-                                       data.mask[[7, 2, 2]])
+        expected = module.match_logits(
+            VisualInput(visual.tokens[[5, 0, 5]]), tagged[[7, 2, 2]], data.mask[[7, 2, 2]]
+        )
     torch.testing.assert_close(got, expected, rtol=0, atol=0)

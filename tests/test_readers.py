@@ -457,7 +457,7 @@ def test_xflickrco_jsonl_not_utf8_is_named_with_its_line(tmp_path):
     root = copy_xflickrco(tmp_path)
     path = root / "annotations/de/test.jsonl"
     raw = path.read_bytes()
-    line = raw[:raw.index("ü".encode())].count(b"\n") + 1
+    line = raw[: raw.index("ü".encode())].count(b"\n") + 1
     path.write_bytes(raw.replace("ü".encode(), "ü".encode("latin-1"), 1))
     with pytest.raises(ValueError, match=rf"de/test\.jsonl:{line}: not UTF-8 text \(byte 0xfc"):
         read_dataset("xflickrco", root, "test")

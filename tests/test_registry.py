@@ -3,8 +3,8 @@
 import pytest
 
 import methods
-from methods.layers.base import RetrievalModule
 from methods.clip import CLIPModule
+from methods.layers.base import RetrievalModule
 from methods.registry import register
 
 

@@ -6,24 +6,32 @@ import csv
 import json
 import math
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
-
 from browser import render, requires_chromium
-from experiments import external
-from experiments.config import compose
-from experiments.report.__main__ import build_report, main as report_main
-from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
-from experiments.train import train
 from external_models import save_tiny_hf_clip, save_tiny_open_clip
 from worlds import QUICK_BACKBONES
 
+from experiments import external
+from experiments.config import compose
+from experiments.report.__main__ import build_report
+from experiments.report.__main__ import main as report_main
+from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
+from experiments.train import train
+
 LANGUAGES = ["en", "de", "ja"]
-TINY_WORLD = [*QUICK_BACKBONES, "data.synthetic.num_train=32", "data.synthetic.num_val=8", "data.synthetic.num_test=16",
-              "data.eval_batch_size=16", "data.batch_size=8", "data.tokenizer.vocab_size=300",
-              f"data.languages=[{','.join(LANGUAGES)}]", "data.num_workers=0"]
+TINY_WORLD = [
+    *QUICK_BACKBONES,
+    "data.synthetic.num_train=32",
+    "data.synthetic.num_val=8",
+    "data.synthetic.num_test=16",
+    "data.eval_batch_size=16",
+    "data.batch_size=8",
+    "data.tokenizer.vocab_size=300",
+    f"data.languages=[{','.join(LANGUAGES)}]",
+    "data.num_workers=0",
+]
 TOP = 5
 
 
@@ -35,8 +43,13 @@ def runs(tmp_path_factory):
     common = [f"data.root={world}", *TINY_WORLD]
     folders = {}
     open_clip_dir = save_tiny_open_clip(models / "oc")
-    hf_dir = save_tiny_hf_clip(models / "hf", ["a red square", "ein grüner Kreis", "左に赤い四角"] * 4)
-    for name, model in (("open_clip", f"open_clip:local-dir:{open_clip_dir}"), ("hf", f"hf:{hf_dir}")):
+    hf_dir = save_tiny_hf_clip(
+        models / "hf", ["a red square", "ein grüner Kreis", "左に赤い四角"] * 4
+    )
+    for name, model in (
+        ("open_clip", f"open_clip:local-dir:{open_clip_dir}"),
+        ("hf", f"hf:{hf_dir}"),
+    ):
         external.main([f"model={model}", "device=cpu", f"run_dir={base / name}", *common])
         (folders[name],) = [p.parent for p in (base / name).rglob("metrics.json")]
     folders["common"] = common
@@ -78,11 +91,15 @@ def spread(table, columns):
 def listed_ids(page: str, section: str) -> list[str]:
     start = page.index(f'<h2 id="{section}">')
     end = page.find("<h2", start + 1)
-    return re.findall(r'class="instance" data-image-id="([^"]+)"', page[start:end if end > 0 else None])
+    return re.findall(
+        r'class="instance" data-image-id="([^"]+)"', page[start : end if end > 0 else None]
+    )
 
 
 def top_by(values, ids, count):
-    order = sorted((i for i in range(len(values)) if not math.isnan(values[i])), key=lambda i: (-values[i], i))
+    order = sorted(
+        (i for i in range(len(values)) if not math.isnan(values[i])), key=lambda i: (-values[i], i)
+    )
     return [ids[i] for i in order[:count]]
 
 
@@ -97,8 +114,12 @@ def test_the_report_lists_exactly_the_instances_with_the_largest_spread(runs, tm
     expected = top_by(list(combined), evaluated.image_ids, TOP)
     assert listed_ids(page, "inconsistent-0") == expected
     # the spreads are what MRV averages: their means are the metrics' own MRV values
-    assert np.nanmean(spread(i2t, columns)) == pytest.approx(record["metrics"]["all/MRV_std/i2t"], abs=1e-9)
-    assert np.nanmean(spread(t2i, columns)) == pytest.approx(record["metrics"]["all/MRV_std/t2i"], abs=1e-9)
+    assert np.nanmean(spread(i2t, columns)) == pytest.approx(
+        record["metrics"]["all/MRV_std/i2t"], abs=1e-9
+    )
+    assert np.nanmean(spread(t2i, columns)) == pytest.approx(
+        record["metrics"]["all/MRV_std/t2i"], abs=1e-9
+    )
     assert np.nanmean(combined) == pytest.approx(record["metrics"]["all/MRV"], abs=1e-9)
     assert "recomputed scores equal metrics.json" in page
 
@@ -120,19 +141,30 @@ def test_each_listed_instance_shows_its_captions_and_ranks(runs, tmp_path):
     (image_id,) = listed_ids(page, "inconsistent-0")
     image = evaluated.image_ids.index(image_id)
     i2t, t2i = brute_force_ranks(evaluated)
-    card = page[page.index(f'data-image-id="{image_id}"'):]
-    card = card[:card.index("</table>")]
+    card = page[page.index(f'data-image-id="{image_id}"') :]
+    card = card[: card.index("</table>")]
     assert "data:image/png;base64," in card
     for column, lang in enumerate(LANGUAGES):
-        first = next(i for i, (owner, c) in enumerate(zip(evaluated.caption_image.tolist(),
-                                                          evaluated.caption_language, strict=True))
-                     if owner == image and c == lang)
-        caption = evaluated.captions[first].replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
-        row = card[card.index(f"<td>{lang}</td>"):]
-        row = row[:row.index("</tr>")]
+        first = next(
+            i
+            for i, (owner, c) in enumerate(
+                zip(evaluated.caption_image.tolist(), evaluated.caption_language, strict=True)
+            )
+            if owner == image and c == lang
+        )
+        caption = (
+            evaluated.captions[first]
+            .replace("&", "&amp;")
+            .replace("<", "&lt;")
+            .replace(">", "&gt;")
+        )
+        row = card[card.index(f"<td>{lang}</td>") :]
+        row = row[: row.index("</tr>")]
         assert caption in row
-        assert re.findall(r"class='num[^']*'>([^<]+)<", row) == [f"{i2t[image, column]:.4g}",
-                                                                f"{t2i[image, column]:.4g}"]
+        assert re.findall(r"class='num[^']*'>([^<]+)<", row) == [
+            f"{i2t[image, column]:.4g}",
+            f"{t2i[image, column]:.4g}",
+        ]
 
 
 def test_two_runs_side_by_side_list_where_they_disagree_most(runs, tmp_path):
@@ -151,8 +183,15 @@ def test_two_runs_side_by_side_list_where_they_disagree_most(runs, tmp_path):
 def test_runs_on_different_captions_are_not_compared(runs, tmp_path, capsys):
     other = tmp_path / "other"
     model = json.loads((runs["open_clip"] / "metrics.json").read_text())["method"]
-    external.main([f"model={model}", "device=cpu", f"run_dir={other}", *runs["common"],
-                   "data.languages=[en,de]"])
+    external.main(
+        [
+            f"model={model}",
+            "device=cpu",
+            f"run_dir={other}",
+            *runs["common"],
+            "data.languages=[en,de]",
+        ]
+    )
     (folder,) = [p.parent for p in other.rglob("metrics.json")]
     with pytest.raises(SystemExit) as exit_info:
         report_main(["--run", f"{runs['open_clip']},{folder}", "--out", str(tmp_path / "out")])
@@ -161,17 +200,26 @@ def test_runs_on_different_captions_are_not_compared(runs, tmp_path, capsys):
     assert err.startswith("error: cannot compare") and err.endswith("their captions differ")
 
 
-def test_a_folder_without_metrics_and_a_foreign_embeddings_file_are_one_line_errors(runs, tmp_path, capsys):
+def test_a_folder_without_metrics_and_a_foreign_embeddings_file_are_one_line_errors(
+    runs, tmp_path, capsys
+):
     with pytest.raises(SystemExit):
         report_main(["--run", str(tmp_path)])
-    assert capsys.readouterr().err.strip() == f"error: {tmp_path} is not a finished run folder (no metrics.json)"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"error: {tmp_path} is not a finished run folder (no metrics.json)"
+    )
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "metrics.json").write_text((runs["open_clip"] / "metrics.json").read_text())
     (broken / EMBEDDINGS).write_bytes(b"not a tensor file")
     with pytest.raises(SystemExit):
         report_main(["--run", str(broken)])
-    assert capsys.readouterr().err.strip().startswith(f"error: {broken / EMBEDDINGS}: not an evaluated set")
+    assert (
+        capsys.readouterr()
+        .err.strip()
+        .startswith(f"error: {broken / EMBEDDINGS}: not an evaluated set")
+    )
 
 
 def test_a_changed_metrics_json_is_flagged_not_trusted(runs, tmp_path):
@@ -188,9 +236,18 @@ def test_a_changed_metrics_json_is_flagged_not_trusted(runs, tmp_path):
 
 @pytest.mark.slow
 def test_a_trained_run_is_re_encoded_from_its_checkpoint_and_matches_its_metrics(runs, tmp_path):
-    run_dir = train(compose(["method=clip", f"run_dir={tmp_path / 'runs'}", "trainer.max_steps=2",
-                             "trainer.log_every_n_steps=1", "trainer.progress_refresh_rate=0",
-                             *runs["common"]]))
+    run_dir = train(
+        compose(
+            [
+                "method=clip",
+                f"run_dir={tmp_path / 'runs'}",
+                "trainer.max_steps=2",
+                "trainer.log_every_n_steps=1",
+                "trainer.progress_refresh_rate=0",
+                *runs["common"],
+            ]
+        )
+    )
     page = build_report([run_dir], tmp_path / "out").read_text()
     assert re.search(r"all \d+ recomputed scores equal metrics.json", page)
     assert len(listed_ids(page, "inconsistent-0")) == 12
@@ -208,8 +265,10 @@ def test_the_page_renders_in_headless_chromium_without_console_errors(runs, tmp_
 def test_the_browser_helper_reports_console_errors(tmp_path):
     """The check above can fail: a page with a script error and a missing file is caught."""
     bad = tmp_path / "bad.html"
-    bad.write_text("<html><body><script>console.error('boom'); missing_function();</script>"
-                   "<img src='absent.png'></body></html>")
+    bad.write_text(
+        "<html><body><script>console.error('boom'); missing_function();</script>"
+        "<img src='absent.png'></body></html>"
+    )
     errors = render(bad)
     assert any("boom" in e for e in errors)
     assert any("missing_function is not defined" in e for e in errors)
@@ -220,8 +279,15 @@ def test_spread_uses_only_the_mrv_languages(runs, tmp_path):
     """With data.mrv_languages a subset (as xFlickr&CO's en de ja zh of 8), the spread and the
     listed images use only those languages, and the means still equal the metrics' MRV."""
     model = json.loads((runs["open_clip"] / "metrics.json").read_text())["method"]
-    external.main([f"model={model}", "device=cpu", f"run_dir={tmp_path / 'runs'}", *runs["common"],
-                   "data.mrv_languages=[en,ja]"])
+    external.main(
+        [
+            f"model={model}",
+            "device=cpu",
+            f"run_dir={tmp_path / 'runs'}",
+            *runs["common"],
+            "data.mrv_languages=[en,ja]",
+        ]
+    )
     (folder,) = [p.parent for p in (tmp_path / "runs").rglob("metrics.json")]
     page = build_report([folder], tmp_path / "out", top=TOP).read_text()
     evaluated = EvaluatedSet.load(folder / EMBEDDINGS)

@@ -29,7 +29,9 @@ def regions(seed: int, count: int, dim: int = DIM) -> np.ndarray:
 
 def write_lmdb(path: Path, items: dict[str, dict]) -> None:
     """A store in VOLTA's h5_to_lmdb.py layout: id -> pickled dict, plus the ``keys`` list."""
-    lmdb = pytest.importorskip("lmdb", reason="the lmdb package is not installed (pip install -e '.[roi]')")
+    lmdb = pytest.importorskip(
+        "lmdb", reason="the lmdb package is not installed (pip install -e '.[roi]')"
+    )
     env = lmdb.open(str(path), map_size=1 << 24)
     with env.begin(write=True) as txn:
         for key, item in items.items():
@@ -47,11 +49,21 @@ def write_npy(folder: Path, arrays: dict[str, np.ndarray]) -> None:
 def test_lmdb_store_returns_the_stored_regions_by_id(tmp_path):
     stored = {"1000092795": regions(0, 3), "COCO_val2014_000000391895.jpg": regions(1, 2)}
     legacy = regions(2, 4)  # older VOLTA stores: a base64 float32 buffer beside num_boxes
-    write_lmdb(tmp_path / "f.lmdb", {
-        **{key: {"features": value, "boxes": np.zeros((len(value), 4), np.float32),
-                 "img_h": 10, "img_w": 20} for key, value in stored.items()},
-        "legacy": {"features": base64.b64encode(legacy.tobytes()), "num_boxes": 4},
-    })
+    write_lmdb(
+        tmp_path / "f.lmdb",
+        {
+            **{
+                key: {
+                    "features": value,
+                    "boxes": np.zeros((len(value), 4), np.float32),
+                    "img_h": 10,
+                    "img_w": 20,
+                }
+                for key, value in stored.items()
+            },
+            "legacy": {"features": base64.b64encode(legacy.tobytes()), "num_boxes": 4},
+        },
+    )
     store = RoiStore(tmp_path / "f.lmdb", allow_pickle=True)
     assert store.dim == DIM and str(tmp_path / "f.lmdb") in store.describe()
     for key, value in {**stored, "legacy": legacy}.items():
@@ -85,8 +97,11 @@ def test_npy_folder_store_reads_npy_and_npz_files(tmp_path):
 
 def test_records_are_found_by_id_file_name_or_stem(tmp_path):
     write_npy(tmp_path / "rois", {"r1": regions(0, 2), "2.jpg": regions(1, 2), "3": regions(2, 2)})
-    records = [Record("r1", "images/1.jpg", {}), Record("x2", "images/2.jpg", {}),
-               Record("x3", "images/3.jpg", {})]
+    records = [
+        Record("r1", "images/1.jpg", {}),
+        Record("x2", "images/2.jpg", {}),
+        Record("x3", "images/3.jpg", {}),
+    ]
     assert lookup_keys(records[1]) == ["x2", "2.jpg", "2"]
     kept, keys, skipped = RoiStore(tmp_path / "rois").match(records, "toy/test", "error")
     assert kept == records and keys == {"r1": "r1", "x2": "2.jpg", "x3": "3"} and skipped == []
@@ -113,8 +128,11 @@ def test_missing_features_fail_naming_the_record_or_are_skipped_and_counted(tmp_
     write_npy(tmp_path / "rois", {"a": regions(0, 3)})
     store = RoiStore(tmp_path / "rois")
     records = [Record("a", "a.png", {}), Record("b", "b.png", {})]
-    with pytest.raises(ValueError, match=r"^toy/test: record 'b' has no ROI features in .*rois "
-                                         r"\(looked up \['b', 'b.png'\]\)"):
+    with pytest.raises(
+        ValueError,
+        match=r"^toy/test: record 'b' has no ROI features in .*rois "
+        r"\(looked up \['b', 'b.png'\]\)",
+    ):
         store.match(records, "toy/test", "error")
     kept, _, skipped = store.match(records, "toy/test", "skip")
     assert [r.id for r in kept] == ["a"] and skipped == ["b"]
@@ -126,10 +144,17 @@ def test_rows_are_padded_and_masked_or_cut_to_the_region_count(tmp_path):
     write_npy(tmp_path / "rois", {"few": regions(0, 2), "many": regions(1, 6)})
     rois = ImageRois(RoiStore(tmp_path / "rois"), ["few", "many"], regions=4)
     few = rois[0]
-    assert few["roi_features"].shape == (4, DIM) and few["roi_mask"].tolist() == [True, True, False, False]
+    assert few["roi_features"].shape == (4, DIM) and few["roi_mask"].tolist() == [
+        True,
+        True,
+        False,
+        False,
+    ]
     torch.testing.assert_close(few["roi_features"][:2], torch.from_numpy(regions(0, 2)))
     assert not few["roi_features"][2:].any()
-    with pytest.warns(UserWarning, match="image 'many' has 6 regions, more than data.roi_regions=4"):
+    with pytest.warns(
+        UserWarning, match="image 'many' has 6 regions, more than data.roi_regions=4"
+    ):
         many = rois[1]
     assert many["roi_mask"].all()
     torch.testing.assert_close(many["roi_features"], torch.from_numpy(regions(1, 6)[:4]))
@@ -151,31 +176,52 @@ def write_dataset(root: Path, train: int = 8, test: int = 4) -> dict[str, np.nda
         for i in range(first, first + count):
             colour = COLOURS[i % len(COLOURS)]
             Image.new("RGB", (32, 32), (30 * i % 255, 90, 160)).save(root / f"images/{i}.png")
-            lines.append(json.dumps({"image": f"images/{i}.png", "caption": {
-                lang: text.format(f"{colour} {i}") for lang, text in CAPTIONS.items()}}))
+            lines.append(
+                json.dumps(
+                    {
+                        "image": f"images/{i}.png",
+                        "caption": {
+                            lang: text.format(f"{colour} {i}") for lang, text in CAPTIONS.items()
+                        },
+                    }
+                )
+            )
             stored[f"images/{i}"] = regions(i, 2 + i % 3)
         (root / split).mkdir()
         (root / split / "part-00000.jsonl").write_text("\n".join(lines))
-    write_npy(root / "rois", {record_id.split("/")[1]: value for record_id, value in stored.items()})
+    write_npy(
+        root / "rois", {record_id.split("/")[1]: value for record_id, value in stored.items()}
+    )
     (root / "parallel").mkdir()
     for lang, text in CAPTIONS.items():
         (root / "parallel" / f"{lang}.txt").write_text(
-            "\n".join(text.format(colour) for colour in COLOURS) + "\n")
+            "\n".join(text.format(colour) for colour in COLOURS) + "\n"
+        )
     return stored
 
 
 def data_overrides(root: Path) -> list[str]:
-    return ["data=cc3m", f"data.root={root}", f"data.cache_dir={root / 'cache'}",
-            "data.splits.test=val", "data.languages=[en,de]", "data.batch_size=4",
-            "data.eval_batch_size=4", "data.num_workers=0", "data.image_size=32",
-            "data.max_length=16", "data.tokenizer.vocab_size=300",
-            f"data.roi_features={root / 'rois'}", "data.roi_regions=4",
-            f"data.parallel_text={root / 'parallel'}"]
+    return [
+        "data=cc3m",
+        f"data.root={root}",
+        f"data.cache_dir={root / 'cache'}",
+        "data.splits.test=val",
+        "data.languages=[en,de]",
+        "data.batch_size=4",
+        "data.eval_batch_size=4",
+        "data.num_workers=0",
+        "data.image_size=32",
+        "data.max_length=16",
+        "data.tokenizer.vocab_size=300",
+        f"data.roi_features={root / 'rois'}",
+        "data.roi_regions=4",
+        f"data.parallel_text={root / 'parallel'}",
+    ]
 
 
 def padded(value: np.ndarray, count: int = 4) -> torch.Tensor:
     out = torch.zeros(count, value.shape[1])
-    out[:len(value)] = torch.from_numpy(value)
+    out[: len(value)] = torch.from_numpy(value)
     return out
 
 
@@ -200,14 +246,18 @@ def test_batches_carry_each_images_own_features(dataset):
     view = data.eval_view("test")
     for batch in view.image_loader(3):
         for row, index in enumerate(batch["index"].tolist()):
-            torch.testing.assert_close(batch["roi_features"][row], padded(stored[view.image_ids[index]]))
+            torch.testing.assert_close(
+                batch["roi_features"][row], padded(stored[view.image_ids[index]])
+            )
             assert int(batch["roi_mask"][row].sum()) == len(stored[view.image_ids[index]])
 
 
 def test_a_record_without_features_stops_setup_or_is_skipped(dataset):
     root, _ = dataset
     (root / "rois" / "3.npy").unlink()
-    with pytest.raises(ValueError, match=r"cc3m_jsonl/train: record 'images/3' has no ROI features"):
+    with pytest.raises(
+        ValueError, match=r"cc3m_jsonl/train: record 'images/3' has no ROI features"
+    ):
         CCRDataModule(compose(data_overrides(root)).data).setup("fit")
     data = CCRDataModule(compose([*data_overrides(root), "data.on_missing_roi=skip"]).data)
     data.setup("fit")
@@ -224,12 +274,15 @@ def test_data_without_the_key_ships_no_features(dataset):
     assert "roi_features" not in next(iter(data.eval_view("test").image_loader(4)))
 
 
-@pytest.mark.parametrize("bad, reason", [
-    (np.full((2, DIM), np.nan, np.float32), r"holds NaN or infinite values"),
-    (np.zeros((2, DIM), np.int64), r"holds int64, not floats"),
-    (np.zeros((2, DIM, 1), np.float32), r"has shape \(2, 8, 1\)"),
-    (np.zeros((2, DIM + 1), np.float32), r"is 9 wide, but the store's features are 8 wide"),
-])
+@pytest.mark.parametrize(
+    "bad, reason",
+    [
+        (np.full((2, DIM), np.nan, np.float32), r"holds NaN or infinite values"),
+        (np.zeros((2, DIM), np.int64), r"holds int64, not floats"),
+        (np.zeros((2, DIM, 1), np.float32), r"has shape \(2, 8, 1\)"),
+        (np.zeros((2, DIM + 1), np.float32), r"is 9 wide, but the store's features are 8 wide"),
+    ],
+)
 def test_bad_features_of_any_record_stop_setup_naming_the_image(dataset, bad, reason):
     """A test image's broken features are found when the data is set up, before any training."""
     root, _ = dataset
@@ -242,15 +295,21 @@ def test_bad_features_of_any_record_stop_setup_naming_the_image(dataset, bad, re
 
 def test_a_pickled_lmdb_needs_the_opt_in_because_unpickling_runs_code(tmp_path):
     write_lmdb(tmp_path / "f.lmdb", {"a": {"features": regions(0, 3)}})
-    with pytest.raises(ValueError, match=r"f\.lmdb: image 'a': the value is a Python pickle .*"
-                                         r"set data\.roi_allow_pickle=true"):
+    with pytest.raises(
+        ValueError,
+        match=r"f\.lmdb: image 'a': the value is a Python pickle .*"
+        r"set data\.roi_allow_pickle=true",
+    ):
         RoiStore(tmp_path / "f.lmdb")
-    np.testing.assert_array_equal(RoiStore(tmp_path / "f.lmdb", allow_pickle=True).features("a"),
-                                  regions(0, 3))
+    np.testing.assert_array_equal(
+        RoiStore(tmp_path / "f.lmdb", allow_pickle=True).features("a"), regions(0, 3)
+    )
 
 
 def test_an_lmdb_of_npy_values_reads_without_unpickling(tmp_path):
-    lmdb = pytest.importorskip("lmdb", reason="the lmdb package is not installed (pip install -e '.[roi]')")
+    lmdb = pytest.importorskip(
+        "lmdb", reason="the lmdb package is not installed (pip install -e '.[roi]')"
+    )
     env = lmdb.open(str(tmp_path / "f.lmdb"), map_size=1 << 24)
     with env.begin(write=True) as txn:
         for key, value in {"a": regions(0, 3), "b": regions(1, 2)}.items():
@@ -264,13 +323,23 @@ def test_an_lmdb_of_npy_values_reads_without_unpickling(tmp_path):
 
 # ---- RC3 on shipped features -------------------------------------------------------------------
 
-RC3_TINY = ["method=rc3", "method.backbone.pretrained=null", "method.backbone.d_model=32", "method.backbone.heads=2",
-            "method.backbone.ffn_dim=64", "method.first_stage.dim=16", f"method.visual.roi_dim={DIM}",
-            "method.visual.strict_input=roi", "method.pretrain.max_steps=1",
-            "method.finetune.max_steps=1", "method.first_stage.image_encoder=null",
-            "method.first_stage.text_encoder=null",
-            "trainer.progress_refresh_rate=0", "trainer.log_every_n_steps=1",
-            "trainer.cpu_threads=1"]  # two pytest workers share the cores
+RC3_TINY = [
+    "method=rc3",
+    "method.backbone.pretrained=null",
+    "method.backbone.d_model=32",
+    "method.backbone.heads=2",
+    "method.backbone.ffn_dim=64",
+    "method.first_stage.dim=16",
+    f"method.visual.roi_dim={DIM}",
+    "method.visual.strict_input=roi",
+    "method.pretrain.max_steps=1",
+    "method.finetune.max_steps=1",
+    "method.first_stage.image_encoder=null",
+    "method.first_stage.text_encoder=null",
+    "trainer.progress_refresh_rate=0",
+    "trainer.log_every_n_steps=1",
+    "trainer.cpu_threads=1",
+]  # two pytest workers share the cores
 
 
 def test_rc3_trains_and_scores_on_the_shipped_features(dataset, monkeypatch):
@@ -336,6 +405,9 @@ def test_rc3_refuses_features_of_another_width(dataset):
     data = CCRDataModule(compose(data_overrides(root)).data)
     data.setup("fit")
     cfg = compose([*RC3_TINY, "method.visual.roi_dim=16"])
-    with pytest.raises(ValueError, match=r"rc3: method.visual.roi_dim=16, but data.roi_features "
-                                         r".*rois \(image '\d+', field 'features'\) is 8 wide"):
+    with pytest.raises(
+        ValueError,
+        match=r"rc3: method.visual.roi_dim=16, but data.roi_features "
+        r".*rois \(image '\d+', field 'features'\) is 8 wide",
+    ):
         RC3(cfg.method, cfg.optim, data.info, cfg.evaluation)

@@ -9,17 +9,26 @@ from pathlib import Path
 
 import pytest
 import torch
+from worlds import QUICK_BACKBONES
 
 from experiments.config import ConfigError, compose
 from experiments.evaluate import evaluate
 from experiments.runs import claim_run_dir, save_config, write_atomic, write_metrics
 from experiments.train import train
-from worlds import QUICK_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
-TINY = [*QUICK_BACKBONES, "data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=16",
-        "data.batch_size=8", "data.eval_batch_size=16", "data.tokenizer.vocab_size=400",
-        "data.languages=[en,de,ja]", "trainer.progress_refresh_rate=0", "trainer.max_steps=3"]
+TINY = [
+    *QUICK_BACKBONES,
+    "data.synthetic.num_train=48",
+    "data.synthetic.num_val=12",
+    "data.synthetic.num_test=16",
+    "data.batch_size=8",
+    "data.eval_batch_size=16",
+    "data.tokenizer.vocab_size=400",
+    "data.languages=[en,de,ja]",
+    "trainer.progress_refresh_rate=0",
+    "trainer.max_steps=3",
+]
 
 
 @pytest.fixture(scope="module")
@@ -52,10 +61,17 @@ def test_a_pickle_payload_never_runs(tmp_path, world):
         evaluate(evil)  # the data root does not exist: the checkpoint is refused before any data
     assert not marker.exists()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    done = subprocess.run([sys.executable, "-m", "experiments.evaluate", f"ckpt={evil}"],
-                          cwd=REPO, env=env, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "-m", "experiments.evaluate", f"ckpt={evil}"],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2 and not marker.exists()
-    assert done.stderr.strip().splitlines()[-1].startswith(f"error: {evil} is not a suite checkpoint")
+    assert (
+        done.stderr.strip().splitlines()[-1].startswith(f"error: {evil} is not a suite checkpoint")
+    )
 
 
 def test_a_run_folder_with_a_checkpoint_or_a_result_is_never_reused(tmp_path, world):
@@ -63,8 +79,11 @@ def test_a_run_folder_with_a_checkpoint_or_a_result_is_never_reused(tmp_path, wo
     with claim_run_dir(tiny(world, runs, "run_id=once")) as folder:
         (folder / "checkpoints").mkdir()
         (folder / "checkpoints" / "last.ckpt").write_bytes(b"x")
-    with pytest.raises(ConfigError, match="already exists with checkpoints; resume it with "
-                                          "ckpt_path=last, or choose another run_id"):
+    with pytest.raises(
+        ConfigError,
+        match="already exists with checkpoints; resume it with "
+        "ckpt_path=last, or choose another run_id",
+    ):
         with claim_run_dir(tiny(world, runs, "run_id=once", "seed=1")):
             pass
     (folder / "metrics.json").write_text("{}")
@@ -94,7 +113,10 @@ def test_a_folder_left_by_a_failed_start_is_replaced_by_the_next_run(tmp_path, w
     (stub / "csv").mkdir()
     with claim_run_dir(tiny(world, runs, "run_id=stub")) as folder:
         assert folder == stub and sorted(p.name for p in folder.iterdir()) == [".lock"]
-    assert "holds no checkpoint and no result (a failed start); this run replaces it" in capsys.readouterr().out
+    assert (
+        "holds no checkpoint and no result (a failed start); this run replaces it"
+        in capsys.readouterr().out
+    )
 
 
 def test_config_only_problems_are_reported_before_data_is_read_and_leave_no_folder(tmp_path):
@@ -109,12 +131,17 @@ def test_config_only_problems_are_reported_before_data_is_read_and_leave_no_fold
         (["method=rc3", "variant=bogus"], "rc3 ablation 'bogus'"),
         (["method=mclip", "variant=bogus"], "mclip variant 'bogus'"),
         (["method=mclip", "protocol=fine-tune-xx"], "mclip protocol 'fine-tune-xx'"),
-        (["method=rc3", "data.languages=[de,ja]"], "rc3 protocol fine-tune-en fine-tunes on English"),
+        (
+            ["method=rc3", "data.languages=[de,ja]"],
+            "rc3 protocol fine-tune-en fine-tunes on English",
+        ),
     ]
     for overrides, message in cases:
         with pytest.raises(ConfigError, match=message):
             train(compose([*base, *overrides]))
         assert not runs.exists() or not any(runs.rglob("early")), overrides
+
+
 def test_resume_needs_an_existing_run_with_a_checkpoint_and_the_same_config(tmp_path, world):
     runs = tmp_path / "runs"
     with pytest.raises(ConfigError, match="no run folder .*mistyped"):
@@ -141,11 +168,26 @@ def test_a_second_writer_is_refused(tmp_path, world):
         env = {k: v for k, v in os.environ.items() if k != "CCR_RUN_DIR"}
         env["PYTHONPATH"] = str(REPO)
         done = subprocess.run(
-            [sys.executable, "-m", "experiments.train", f"data.root={world}", f"run_dir={runs}",
-             *TINY, "run_id=busy", "ckpt_path=last"],
-            cwd=REPO, env=env, capture_output=True, text=True)
+            [
+                sys.executable,
+                "-m",
+                "experiments.train",
+                f"data.root={world}",
+                f"run_dir={runs}",
+                *TINY,
+                "run_id=busy",
+                "ckpt_path=last",
+            ],
+            cwd=REPO,
+            env=env,
+            capture_output=True,
+            text=True,
+        )
     assert done.returncode == 2
-    assert f"error: run folder {folder} is in use by another process (pid {os.getpid()})" in done.stderr
+    assert (
+        f"error: run folder {folder} is in use by another process (pid {os.getpid()})"
+        in done.stderr
+    )
 
 
 def test_files_are_replaced_atomically(tmp_path, monkeypatch):
@@ -184,9 +226,22 @@ def test_zero_training_steps_is_an_error(tmp_path, world):
 def test_a_diverged_run_stops_with_one_line_and_writes_no_metrics(tmp_path, world):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "experiments.train", f"data.root={world}",
-         f"run_dir={tmp_path / 'runs'}", *TINY, "trainer.max_steps=6", "optim.lr=1e6", "run_id=d"],
-        cwd=REPO, env=env, capture_output=True, text=True)
+        [
+            sys.executable,
+            "-m",
+            "experiments.train",
+            f"data.root={world}",
+            f"run_dir={tmp_path / 'runs'}",
+            *TINY,
+            "trainer.max_steps=6",
+            "optim.lr=1e6",
+            "run_id=d",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert done.returncode == 2, done.stderr[-2000:]
     last = done.stderr.strip().splitlines()[-1]
     assert last.startswith("error: training diverged at step ") and "stage 'main'" in last

@@ -10,23 +10,33 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
+from falling_val_train import falling_val_scores
+from worlds import QUICK_BACKBONES
 
 from experiments.config import ConfigError, compose
 from experiments.evaluate import evaluate
 from experiments.selection import check_selection, selection_checkpoint, validation_steps
 from experiments.train import train
 from metrics import report_keys, retrieval_report
-from falling_val_train import falling_val_scores
-from worlds import QUICK_BACKBONES
 
 REPO = Path(__file__).resolve().parents[1]
 # 48 training records in batches of 8: 6 steps an epoch, so 12 steps validate at steps 6 and 12.
 # A constant lr makes the first 6 steps of a 12-step run those of a 6-step run.
-TINY = [*QUICK_BACKBONES, "data.synthetic.num_train=48", "data.synthetic.num_val=12",
-        "data.synthetic.num_test=16", "data.batch_size=8", "data.eval_batch_size=16",
-        "data.tokenizer.vocab_size=400", "data.languages=[en,de,ja]",
-        "trainer.progress_refresh_rate=0", "trainer.check_val_every_n_epoch=1",
-        "trainer.checkpoint_every_n_steps=4", "optim.warmup_steps=0", "optim.min_lr_ratio=1.0"]
+TINY = [
+    *QUICK_BACKBONES,
+    "data.synthetic.num_train=48",
+    "data.synthetic.num_val=12",
+    "data.synthetic.num_test=16",
+    "data.batch_size=8",
+    "data.eval_batch_size=16",
+    "data.tokenizer.vocab_size=400",
+    "data.languages=[en,de,ja]",
+    "trainer.progress_refresh_rate=0",
+    "trainer.check_val_every_n_epoch=1",
+    "trainer.checkpoint_every_n_steps=4",
+    "optim.warmup_steps=0",
+    "optim.min_lr_ratio=1.0",
+]
 SELECT = ["evaluation.select_on=en/mR", "trainer.max_steps=12"]
 
 
@@ -77,7 +87,10 @@ def test_the_recorded_score_is_the_tested_weights_val_score(world, tmp_path):
     run = run_folder(runs, "real")
     selected = json.loads((run / "metrics.json").read_text())["selected"]
     assert json.loads((run / "checkpoints" / "selected.json").read_text()) == selected
-    logged = [line.split(",") for line in (run / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()]
+    logged = [
+        line.split(",")
+        for line in (run / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()
+    ]
     column, step_column = logged[0].index("val/en/mR"), logged[0].index("step")
     scores = {int(row[step_column]) + 1: float(row[column]) for row in logged[1:] if row[column]}
     assert sorted(scores) == [6, 12]
@@ -95,8 +108,9 @@ def test_a_resumed_run_keeps_the_validation_it_made_before_the_interruption(worl
     script = str(REPO / "tests" / "falling_val_train.py")
 
     def run(*args):
-        return subprocess.run([sys.executable, script, *args], cwd=REPO, env=env,
-                              capture_output=True, text=True)
+        return subprocess.run(
+            [sys.executable, script, *args], cwd=REPO, env=env, capture_output=True, text=True
+        )
 
     whole = run(*overrides(world, runs, "whole", *SELECT))
     assert whole.returncode == 0, whole.stderr[-2000:]
@@ -107,7 +121,11 @@ def test_a_resumed_run_keeps_the_validation_it_made_before_the_interruption(worl
     expected = json.loads((run_folder(runs, "whole") / "metrics.json").read_text())
     result = json.loads((run_folder(runs, "cut") / "metrics.json").read_text())
     assert result["resumed_from_step"] == 8
-    assert result["selected"] == expected["selected"] == {"metric": "val/en/mR", "score": 94.0, "step": 6}
+    assert (
+        result["selected"]
+        == expected["selected"]
+        == {"metric": "val/en/mR", "score": 94.0, "step": 6}
+    )
     assert result["metrics"] == expected["metrics"]
     # the step-6 validation made before the kill is kept, the step-12 one made after the resume added
     assert [p["step"] for p in result["learning_curve"]["points"]] == [6, 12]
@@ -121,7 +139,10 @@ def test_the_record_holds_the_mean_recall_of_every_validation(world, tmp_path):
     train(compose(overrides(world, runs, "curve", "trainer.max_steps=12")))
     run = run_folder(runs, "curve")
     curve = json.loads((run / "metrics.json").read_text())["learning_curve"]
-    logged = [line.split(",") for line in (run / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()]
+    logged = [
+        line.split(",")
+        for line in (run / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()
+    ]
     column, step_column = logged[0].index("val/mR"), logged[0].index("step")
     scores = {int(row[step_column]) + 1: float(row[column]) for row in logged[1:] if row[column]}
     assert curve["metric"] == "val/mR"
@@ -132,47 +153,81 @@ def test_the_record_holds_the_mean_recall_of_every_validation(world, tmp_path):
 
 def test_selection_needs_a_val_split_and_says_so_before_reading_data(tmp_path):
     (tmp_path / "a-file").write_text("")  # the data root cannot exist: no data is read
-    cfg = compose(overrides(tmp_path / "a-file" / "data", tmp_path / "runs", "noval", *SELECT,
-                            "data.splits.val=null"))
+    cfg = compose(
+        overrides(
+            tmp_path / "a-file" / "data",
+            tmp_path / "runs",
+            "noval",
+            *SELECT,
+            "data.splits.val=null",
+        )
+    )
     with pytest.raises(ConfigError, match=r"evaluation.select_on=en/mR .*data.splits.val is null"):
         train(cfg)
     assert not run_folder(tmp_path / "runs", "noval").exists()
 
 
 def test_a_final_stage_that_would_never_validate_is_refused_before_training(world, tmp_path):
-    cfg = compose(overrides(world, tmp_path / "runs", "never", *SELECT,
-                            "trainer.check_val_every_n_epoch=3"))
-    with pytest.raises(ConfigError, match=r"trains 12 steps over epochs of 6 batches, and with "
-                                          r"trainer.check_val_every_n_epoch=3 .* would never validate"):
+    cfg = compose(
+        overrides(world, tmp_path / "runs", "never", *SELECT, "trainer.check_val_every_n_epoch=3")
+    )
+    with pytest.raises(
+        ConfigError,
+        match=r"trains 12 steps over epochs of 6 batches, and with "
+        r"trainer.check_val_every_n_epoch=3 .* would never validate",
+    ):
         train(cfg)
     assert not run_folder(tmp_path / "runs", "never").exists()
 
 
 def test_a_validation_interval_inside_epochs_that_never_validate_is_refused_before_training(
-        world, tmp_path):
+    world, tmp_path
+):
     """val_check_interval counts batches inside the epochs check_val_every_n_epoch lets validate:
     every 4 batches of every 3rd epoch never comes in a 2-epoch run."""
-    cfg = compose(overrides(world, tmp_path / "runs", "never", *SELECT,
-                            "trainer.check_val_every_n_epoch=3", "trainer.val_check_interval=4"))
+    cfg = compose(
+        overrides(
+            world,
+            tmp_path / "runs",
+            "never",
+            *SELECT,
+            "trainer.check_val_every_n_epoch=3",
+            "trainer.val_check_interval=4",
+        )
+    )
     with pytest.raises(ConfigError, match="would never validate"):
         train(cfg)
     assert not run_folder(tmp_path / "runs", "never").exists()
 
 
 def test_select_on_a_language_the_val_split_lacks_is_refused(tmp_path):
-    cfg = compose(["evaluation.select_on=ja/mR", "trainer.max_steps=12",
-                   "trainer.check_val_every_n_epoch=1"])
+    cfg = compose(
+        ["evaluation.select_on=ja/mR", "trainer.max_steps=12", "trainer.check_val_every_n_epoch=1"]
+    )
     loader = torch.utils.data.DataLoader(torch.arange(6), batch_size=1)
     check_selection(cfg, loader, 12, ["en", "ja"])  # validates at steps 6 and 12, ja present
-    with pytest.raises(ConfigError, match=r"select_on=ja/mR: the val split \(val\) has no 'ja' "
-                                          r"captions; it has en, de"):
+    with pytest.raises(
+        ConfigError,
+        match=r"select_on=ja/mR: the val split \(val\) has no 'ja' "
+        r"captions; it has en, de",
+    ):
         check_selection(cfg, loader, 12, ["en", "de"])
 
 
-@pytest.mark.parametrize("key, mode", [("en/mR", "max"), ("mR", "max"), ("en/i2t/R@1", "max"),
-                                       ("de/t2i/NDCG@10", "max"), ("en/t2i/MRR", "max"),
-                                       ("en/i2t/MeanR", "min"), ("ja/t2i/MedR", "min"),
-                                       ("all/MRV", "min"), ("all/MRV_std/i2t", "min")])
+@pytest.mark.parametrize(
+    "key, mode",
+    [
+        ("en/mR", "max"),
+        ("mR", "max"),
+        ("en/i2t/R@1", "max"),
+        ("de/t2i/NDCG@10", "max"),
+        ("en/t2i/MRR", "max"),
+        ("en/i2t/MeanR", "min"),
+        ("ja/t2i/MedR", "min"),
+        ("all/MRV", "min"),
+        ("all/MRV_std/i2t", "min"),
+    ],
+)
 def test_selection_keeps_the_best_validation_in_the_keys_direction(key, mode, tmp_path):
     cfg = compose([f"evaluation.select_on={key}"])
     assert selection_checkpoint(cfg, tmp_path).mode == mode
@@ -184,11 +239,20 @@ def test_the_predicted_report_keys_are_the_keys_the_report_has():
     languages = ["en", "de", "ja"]
     caption_image = torch.tensor([0, 1, 2, 0, 1, 2, 0, 1, 2])
     caption_language = [lang for lang in languages for _ in range(3)]
-    report = retrieval_report(torch.randn(3, 4), torch.randn(9, 4), caption_image,
-                              caption_language, ["a", "b", "c"], ks=(1, 2), ndcg_k=3,
-                              unimodal_ndcg_ks=(2,), image_relevance=torch.eye(3))
-    assert sorted(report_keys(languages, ks=(1, 2), ndcg_k=3, unimodal_ndcg_ks=(2,),
-                              graded=True)) == sorted(report)
+    report = retrieval_report(
+        torch.randn(3, 4),
+        torch.randn(9, 4),
+        caption_image,
+        caption_language,
+        ["a", "b", "c"],
+        ks=(1, 2),
+        ndcg_k=3,
+        unimodal_ndcg_ks=(2,),
+        image_relevance=torch.eye(3),
+    )
+    assert sorted(
+        report_keys(languages, ks=(1, 2), ndcg_k=3, unimodal_ndcg_ks=(2,), graded=True)
+    ) == sorted(report)
 
 
 class _Steps(L.LightningModule):
@@ -212,20 +276,38 @@ class _Steps(L.LightningModule):
         return torch.optim.SGD(self.parameters(), lr=0.1)
 
 
-@pytest.mark.parametrize("batches, steps, accumulate, every, interval", [
-    (6, 12, 1, 1, None), (6, 12, 1, 5, None), (6, 30, 1, 2, None), (6, 20, 1, 1, 4),
-    (6, 30, 1, 3, 4), (6, 20, 1, None, 4), (6, 20, 1, 1, 0.5), (6, 12, 2, 1, None),
-    (5, 12, 2, 1, 2),
-])
+@pytest.mark.parametrize(
+    "batches, steps, accumulate, every, interval",
+    [
+        (6, 12, 1, 1, None),
+        (6, 12, 1, 5, None),
+        (6, 30, 1, 2, None),
+        (6, 20, 1, 1, 4),
+        (6, 30, 1, 3, 4),
+        (6, 20, 1, None, 4),
+        (6, 20, 1, 1, 0.5),
+        (6, 12, 2, 1, None),
+        (5, 12, 2, 1, 2),
+    ],
+)
 def test_the_validation_schedule_is_lightnings(batches, steps, accumulate, every, interval):
     """validation_steps, which refuses a selection that would never validate, predicts the steps
     Lightning validates at."""
     module = _Steps()
     data = torch.utils.data.DataLoader(torch.arange(batches), batch_size=1)
-    trainer = L.Trainer(max_steps=steps, accumulate_grad_batches=accumulate,
-                        check_val_every_n_epoch=every, val_check_interval=interval,
-                        num_sanity_val_steps=0, logger=False, enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False, accelerator="cpu")
+    trainer = L.Trainer(
+        max_steps=steps,
+        accumulate_grad_batches=accumulate,
+        check_val_every_n_epoch=every,
+        val_check_interval=interval,
+        num_sanity_val_steps=0,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        accelerator="cpu",
+    )
     trainer.fit(module, data, torch.utils.data.DataLoader(torch.arange(2)))
-    assert module.validated_at == validation_steps(batches, steps, accumulate=accumulate,
-                                                   every_n_epochs=every, interval=interval)
+    assert module.validated_at == validation_steps(
+        batches, steps, accumulate=accumulate, every_n_epochs=every, interval=interval
+    )

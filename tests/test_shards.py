@@ -46,28 +46,48 @@ def write_uneven(tmp_path, sizes):
     """Shards of the given sizes (one ``write_split`` per shard, merged into one index)."""
     folder, shards, start = tmp_path / "train", [], 0
     for number, size in enumerate(sizes):
-        part = write_split(make_records(tmp_path, size, start), tmp_path / "images",
-                           tmp_path / f"part{number}", shard_size=size, languages=LANGUAGES,
-                           captions_parallel=True)
+        part = write_split(
+            make_records(tmp_path, size, start),
+            tmp_path / "images",
+            tmp_path / f"part{number}",
+            shard_size=size,
+            languages=LANGUAGES,
+            captions_parallel=True,
+        )
         folder.mkdir(exist_ok=True)
         name = f"shard-{number:06d}.tar"
         (part.folder / part.files[0]).rename(folder / name)
         shards.append({"file": name, "samples": size})
         start += size
-    (folder / "shards.json").write_text(json.dumps(
-        {"shards": shards, "languages": LANGUAGES, "captions_parallel": True}))
+    (folder / "shards.json").write_text(
+        json.dumps({"shards": shards, "languages": LANGUAGES, "captions_parallel": True})
+    )
     return ShardIndex.load(folder)
 
 
 def collate(items):
-    return {"ids": [item["id"] for item in items], "texts": [item["texts"] for item in items],
-            "images": torch.stack([item["image"] for item in items])}
+    return {
+        "ids": [item["id"] for item in items],
+        "texts": [item["texts"] for item in items],
+        "images": torch.stack([item["image"] for item in items]),
+    }
 
 
 def stream(index, world=1, rank=0, workers=0, batch_size=4, buffer=5, seed=0, slots=2):
-    return ShardStream(index, languages=LANGUAGES, transform=ImageTransform(4, (0, 0, 0), (1, 1, 1)),
-                       collate=collate, label_index={}, batch_size=batch_size, seed=seed, buffer=buffer,
-                       slots=slots, num_workers=workers, world=world, rank=rank)
+    return ShardStream(
+        index,
+        languages=LANGUAGES,
+        transform=ImageTransform(4, (0, 0, 0), (1, 1, 1)),
+        collate=collate,
+        label_index={},
+        batch_size=batch_size,
+        seed=seed,
+        buffer=buffer,
+        slots=slots,
+        num_workers=workers,
+        world=world,
+        rank=rank,
+    )
 
 
 def epoch_batches(loader, epochs=1):
@@ -76,35 +96,56 @@ def epoch_batches(loader, epochs=1):
 
 def test_written_shards_give_back_every_record_with_its_captions_and_image(tmp_path):
     records = make_records(tmp_path, 7)
-    index = write_split(records, tmp_path / "images", tmp_path / "out", shard_size=3,
-                        languages=LANGUAGES, captions_parallel=True)
+    index = write_split(
+        records,
+        tmp_path / "images",
+        tmp_path / "out",
+        shard_size=3,
+        languages=LANGUAGES,
+        captions_parallel=True,
+    )
     assert index.samples == (3, 3, 1) and index.labels == ("o0", "o1")
     decoded = [decode_record(s) for s in raw_samples([index.folder / f for f in index.files])]
-    assert [(r.id, r.captions, r.extras) for r, _ in decoded] == [(r.id, r.captions, r.extras) for r in records]
+    assert [(r.id, r.captions, r.extras) for r, _ in decoded] == [
+        (r.id, r.captions, r.extras) for r in records
+    ]
     assert list(index.caption_rows()) == [r.captions for r in records]
     extracted = extract(index, tmp_path / "extracted" / "val")
-    for record, original in zip(extracted, records):
-        assert (tmp_path / "extracted" / record.image).read_bytes() == (tmp_path / "images" / original.image).read_bytes()
+    for record, original in zip(extracted, records, strict=True):
+        assert (tmp_path / "extracted" / record.image).read_bytes() == (
+            tmp_path / "images" / original.image
+        ).read_bytes()
 
 
 @pytest.mark.parametrize("workers", [0, 2])
 def test_every_rank_streams_the_same_number_of_batches_whatever_the_shard_sizes(tmp_path, workers):
     index = write_uneven(tmp_path, [3, 17, 5, 11, 2, 9])  # 47 samples
-    loaders = [StreamLoader(stream(index, world=2, rank=rank, workers=workers, slots=4), workers)
-               for rank in range(2)]
+    loaders = [
+        StreamLoader(stream(index, world=2, rank=rank, workers=workers, slots=4), workers)
+        for rank in range(2)
+    ]
     for epochs in (epoch_batches(loader, 2) for loader in loaders):
         assert [len(batches) for batches in epochs] == [47 // 8, 47 // 8]
         assert all(len(batch["ids"]) == 4 for batches in epochs for batch in batches)
-    ids = [[i for batch in epochs[0] for i in batch["ids"]] for epochs in (epoch_batches(l) for l in loaders)]
+    ids = [
+        [i for batch in epochs[0] for i in batch["ids"]]
+        for epochs in (epoch_batches(loader) for loader in loaders)
+    ]
     assert not set(ids[0]) & set(ids[1])  # ranks read different shards in an epoch
 
 
 @pytest.mark.parametrize("workers", [0, 2])
-def test_two_ranks_together_stream_the_batches_of_one_process_with_their_global_batch(tmp_path, workers):
+def test_two_ranks_together_stream_the_batches_of_one_process_with_their_global_batch(
+    tmp_path, workers
+):
     index = write_uneven(tmp_path, [3, 17, 5, 11, 2, 9])
     single = epoch_batches(StreamLoader(stream(index, batch_size=8, slots=4), 0), 2)
-    ranks = [epoch_batches(StreamLoader(stream(index, world=2, rank=r, workers=workers, slots=4), workers), 2)
-             for r in range(2)]
+    ranks = [
+        epoch_batches(
+            StreamLoader(stream(index, world=2, rank=r, workers=workers, slots=4), workers), 2
+        )
+        for r in range(2)
+    ]
     for epoch in range(2):
         assert len(single[epoch]) == len(ranks[0][epoch]) == 47 // 8
         for j, whole in enumerate(single[epoch]):
@@ -116,8 +157,10 @@ def test_two_ranks_together_stream_the_batches_of_one_process_with_their_global_
 
 def test_epochs_deal_shards_differently_and_the_same_seed_repeats_them(tmp_path):
     index = write_uneven(tmp_path, [6, 6, 6, 6])
-    first, second = ([[b["ids"] for b in e] for e in epoch_batches(StreamLoader(stream(index), 0), 2)]
-                     for _ in range(2))
+    first, second = (
+        [[b["ids"] for b in e] for e in epoch_batches(StreamLoader(stream(index), 0), 2)]
+        for _ in range(2)
+    )
     assert first == second and first[0] != first[1]
 
 
@@ -130,7 +173,7 @@ def test_a_resumed_stream_continues_at_the_same_sample_with_the_same_draws(tmp_p
         loader.resume(1, done)
         resumed = epoch_batches(loader, 2)
         assert len(resumed[0]) == len(whole[1]) - done
-        for got, expected in zip(resumed[0] + resumed[1], whole[1][done:] + []):
+        for got, expected in zip(resumed[0] + resumed[1], whole[1][done:] + [], strict=False):
             assert got["ids"] == expected["ids"] and got["texts"] == expected["texts"]
             assert torch.equal(got["images"], expected["images"])
         assert [b["ids"] for b in resumed[1]] != []  # the next epoch follows
@@ -151,7 +194,9 @@ def corrupt(index, number, key_suffix, payload):
         for member in tar.getmembers():
             data = tar.extractfile(member).read()
             members.append((member, payload if member.name.endswith(key_suffix) else data))
-    assert any(member.name.endswith(key_suffix) for member, _ in members), f"no {key_suffix} in {path}"
+    assert any(member.name.endswith(key_suffix) for member, _ in members), (
+        f"no {key_suffix} in {path}"
+    )
     with tarfile.open(path, "w") as tar:
         for member, data in members:
             member.size = len(data)
@@ -174,7 +219,9 @@ def test_the_check_before_training_reads_a_sample_not_every_shard(tmp_path):
     corrupt(index, 1, "000000000.png", b"broken image")  # shard 1 is not among the sampled ones
     sampled_check(index, LANGUAGES)
     corrupt(index, 0, "000000000.png", b"broken image")
-    with pytest.raises(ValueError, match=r"shard-000000.tar: sample 000000000: image does not decode"):
+    with pytest.raises(
+        ValueError, match=r"shard-000000.tar: sample 000000000: image does not decode"
+    ):
         sampled_check(index, LANGUAGES)
     with pytest.raises(ValueError, match=r"languages \['fr'\] are not in the shards"):
         sampled_check(index, ["en", "fr"])

@@ -15,16 +15,36 @@ from datamodules import shards
 from datamodules.datasets import ImageTransform
 
 REPO = Path(__file__).resolve().parents[1]
-WORLD = ["data.synthetic.num_train=48", "data.synthetic.num_val=12", "data.synthetic.num_test=16",
-         "data.synthetic.num_pretrain=48", "data.languages=[en,de,ja]", "data.backbones=null"]
+WORLD = [
+    "data.synthetic.num_train=48",
+    "data.synthetic.num_val=12",
+    "data.synthetic.num_test=16",
+    "data.synthetic.num_pretrain=48",
+    "data.languages=[en,de,ja]",
+    "data.backbones=null",
+]
 # 48 samples in 8 shards, 2 loader workers, batches of 8: 3 batches per worker, 6 per epoch.
-SHARDED_RUN = ["method=clip", "data=shards", "data.languages=[en,de,ja]", "data.batch_size=8",
-               "data.eval_batch_size=16", "data.num_workers=2", "data.shuffle_buffer=8", "data.stream_slots=2",
-               "data.tokenizer.vocab_size=400", "data.image_size=32", "data.max_length=48",
-               "method.image_encoder.name=tiny", "method.text_encoder.name=tiny",
-               "trainer.max_steps=12", "trainer.checkpoint_every_n_steps=3",
-               "trainer.check_val_every_n_epoch=1", "trainer.log_every_n_steps=1",
-               "trainer.progress_refresh_rate=0", "trainer.cpu_threads=1"]
+SHARDED_RUN = [
+    "method=clip",
+    "data=shards",
+    "data.languages=[en,de,ja]",
+    "data.batch_size=8",
+    "data.eval_batch_size=16",
+    "data.num_workers=2",
+    "data.shuffle_buffer=8",
+    "data.stream_slots=2",
+    "data.tokenizer.vocab_size=400",
+    "data.image_size=32",
+    "data.max_length=48",
+    "method.image_encoder.name=tiny",
+    "method.text_encoder.name=tiny",
+    "trainer.max_steps=12",
+    "trainer.checkpoint_every_n_steps=3",
+    "trainer.check_val_every_n_epoch=1",
+    "trainer.log_every_n_steps=1",
+    "trainer.progress_refresh_rate=0",
+    "trainer.cpu_threads=1",
+]
 
 
 BROKEN = "000000013.png"  # one training image that does not decode: every run drops and counts it
@@ -33,26 +53,48 @@ BROKEN = "000000013.png"  # one training image that does not decode: every run d
 @pytest.fixture(scope="module")
 def sharded_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded")
-    shards.main(["write", str(root / "shards"), "--shard-size", "6", f"data.root={root / 'world'}", *WORLD])
+    shards.main(
+        ["write", str(root / "shards"), "--shard-size", "6", f"data.root={root / 'world'}", *WORLD]
+    )
     corrupt(shards.ShardIndex.load(root / "shards" / "train"), 2, BROKEN, b"not a png")
     return root
 
 
 def skipped_per_epoch(root, epochs):
     """How many samples the stream of SHARDED_RUN drops in each epoch, read off the stream itself."""
-    stream = shards.ShardStream(shards.ShardIndex.load(root / "shards" / "train"), languages=["en", "de", "ja"],
-                                transform=ImageTransform(32, (0, 0, 0), (1, 1, 1)), collate=collate,
-                                label_index={}, batch_size=8, seed=0, buffer=8, slots=2, num_workers=0)
+    stream = shards.ShardStream(
+        shards.ShardIndex.load(root / "shards" / "train"),
+        languages=["en", "de", "ja"],
+        transform=ImageTransform(32, (0, 0, 0), (1, 1, 1)),
+        collate=collate,
+        label_index={},
+        batch_size=8,
+        seed=0,
+        buffer=8,
+        slots=2,
+        num_workers=0,
+    )
     loader = shards.StreamLoader(stream, 0)
     return [sum(len(batch["skipped_samples"]) for batch in loader) for _ in range(epochs)]
 
 
 def run(script_args, root, run_id, *extra):
-    argv = [*SHARDED_RUN, f"data.root={root / 'shards'}", f"data.cache_dir={root / 'cache'}",
-            f"run_dir={root / 'runs'}", f"run_id={run_id}", *extra]
+    argv = [
+        *SHARDED_RUN,
+        f"data.root={root / 'shards'}",
+        f"data.cache_dir={root / 'cache'}",
+        f"run_dir={root / 'runs'}",
+        f"run_id={run_id}",
+        *extra,
+    ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(["timeout", "300", sys.executable, *script_args, *argv], cwd=REPO, env=env,
-                          capture_output=True, text=True)
+    return subprocess.run(
+        ["timeout", "300", sys.executable, *script_args, *argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -60,33 +102,52 @@ def uninterrupted(sharded_world):
     done = run(["-m", "experiments.train"], sharded_world, "whole")
     assert done.returncode == 0, done.stderr[-2000:]
     # the dropped sample is counted in the log: the sum so far at each epoch's end
-    logged = [row.split(",") for row in (sharded_world / "runs" / "shards" / "clip" / "whole" / "csv" /
-                                         "checkpoints" / "metrics.csv").read_text().splitlines()]
+    logged = [
+        row.split(",")
+        for row in (
+            sharded_world
+            / "runs"
+            / "shards"
+            / "clip"
+            / "whole"
+            / "csv"
+            / "checkpoints"
+            / "metrics.csv"
+        )
+        .read_text()
+        .splitlines()
+    ]
     column = logged[0].index("train/skipped_samples")
     counts = [float(row[column]) for row in logged[1:] if row[column]]
     per_epoch = skipped_per_epoch(sharded_world, 2)
     assert sum(per_epoch) >= 1 and counts == [per_epoch[0], per_epoch[0] + per_epoch[1]]
     assert BROKEN.removesuffix(".png") in done.stdout + done.stderr
-    return json.loads((sharded_world / "runs" / "shards" / "clip" / "whole" / "metrics.json").read_text())
+    return json.loads(
+        (sharded_world / "runs" / "shards" / "clip" / "whole" / "metrics.json").read_text()
+    )
 
 
 @pytest.mark.slow
-def test_a_killed_sharded_run_resumes_at_the_same_sample_and_ends_with_the_same_scores(sharded_world,
-                                                                                      uninterrupted):
+def test_a_killed_sharded_run_resumes_at_the_same_sample_and_ends_with_the_same_scores(
+    sharded_world, uninterrupted
+):
     # Killed at batch 11 (epoch 1): resumes from step 9, 3 batches into the epoch, so the first
     # resumed batch comes from the other worker than in a fresh epoch.
     killed = run([str(REPO / "tests" / "interrupted_train.py"), "KILL", "11"], sharded_world, "cut")
     assert killed.returncode != 0
     resumed = run(["-m", "experiments.train"], sharded_world, "cut", "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    result = json.loads((sharded_world / "runs" / "shards" / "clip" / "cut" / "metrics.json").read_text())
+    result = json.loads(
+        (sharded_world / "runs" / "shards" / "clip" / "cut" / "metrics.json").read_text()
+    )
     assert result["resumed_from_step"] == 9 and result["train_steps"] == 12
     assert result["metrics"] == uninterrupted["metrics"]
 
 
 @pytest.mark.slow
 def test_a_slurm_requeue_signal_saves_a_checkpoint_and_the_requeued_job_finishes_with_the_same_scores(
-        sharded_world, uninterrupted, tmp_path, monkeypatch):
+    sharded_world, uninterrupted, tmp_path, monkeypatch
+):
     """SLURM sends SIGUSR1 before preempting (``#SBATCH --signal=USR1@90``); Lightning's SLURM
     environment saves ``hpc_ckpt_1.ckpt`` and calls ``scontrol requeue``. Here the SLURM variables
     are faked and ``scontrol`` is a script that logs its call and kills the job, as the requeue
@@ -95,13 +156,23 @@ def test_a_slurm_requeue_signal_saves_a_checkpoint_and_the_requeued_job_finishes
     scontrol.parent.mkdir()
     scontrol.write_text('#!/bin/sh\necho "$@" >> "$SCONTROL_LOG"\nkill -KILL $PPID\n')
     scontrol.chmod(0o755)
-    slurm = {"SLURM_JOB_ID": "4242", "SLURM_JOB_NAME": "ccr", "SLURM_NTASKS": "1",
-             "SLURM_NTASKS_PER_NODE": "1", "SLURM_PROCID": "0", "SLURM_LOCALID": "0",
-             "SLURM_NODEID": "0", "SLURM_NODELIST": "localhost",
-             "PATH": f"{scontrol.parent}:{os.environ['PATH']}", "SCONTROL_LOG": str(tmp_path / "scontrol.log")}
+    slurm = {
+        "SLURM_JOB_ID": "4242",
+        "SLURM_JOB_NAME": "ccr",
+        "SLURM_NTASKS": "1",
+        "SLURM_NTASKS_PER_NODE": "1",
+        "SLURM_PROCID": "0",
+        "SLURM_LOCALID": "0",
+        "SLURM_NODEID": "0",
+        "SLURM_NODELIST": "localhost",
+        "PATH": f"{scontrol.parent}:{os.environ['PATH']}",
+        "SCONTROL_LOG": str(tmp_path / "scontrol.log"),
+    }
     for key, value in slurm.items():
         monkeypatch.setenv(key, value)
-    preempted = run([str(REPO / "tests" / "interrupted_train.py"), "USR1", "8"], sharded_world, "slurm")
+    preempted = run(
+        [str(REPO / "tests" / "interrupted_train.py"), "USR1", "8"], sharded_world, "slurm"
+    )
     assert preempted.returncode != 0
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     folder = sharded_world / "runs" / "shards" / "clip" / "slurm" / "checkpoints"
@@ -120,27 +191,71 @@ def free_port():
 
 
 @pytest.mark.slow
-def test_the_multinode_preset_on_two_local_nodes_scores_like_one_process_with_the_global_batch(sharded_world):
+def test_the_multinode_preset_on_two_local_nodes_scores_like_one_process_with_the_global_batch(
+    sharded_world,
+):
     """``trainer=multinode`` launched as torchrun does on two nodes (here both on localhost, one
     CPU process each, gloo), batches of 8 per node, against one process with batches of 16: the
     stream gives both the same global batches, so the scores are equal. (With several languages
     clip draws each row's language from its process's RNG, which differs from one process's.)"""
-    common = [*SHARDED_RUN, f"data.root={sharded_world / 'shards'}", f"data.cache_dir={sharded_world / 'cache'}",
-              f"run_dir={sharded_world / 'runs'}", "trainer.max_steps=6", "data.num_workers=0",
-              "data.languages=[en]"]  # one language: clip's per-process language draw is no draw
+    common = [
+        *SHARDED_RUN,
+        f"data.root={sharded_world / 'shards'}",
+        f"data.cache_dir={sharded_world / 'cache'}",
+        f"run_dir={sharded_world / 'runs'}",
+        "trainer.max_steps=6",
+        "data.num_workers=0",
+        "data.languages=[en]",
+    ]  # one language: clip's per-process language draw is no draw
     env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    single = subprocess.run(["timeout", "300", sys.executable, "-m", "experiments.train", *common,
-                             "run_id=single", "data.batch_size=16"], cwd=REPO, env=env,
-                            capture_output=True, text=True)
+    single = subprocess.run(
+        [
+            "timeout",
+            "300",
+            sys.executable,
+            "-m",
+            "experiments.train",
+            *common,
+            "run_id=single",
+            "data.batch_size=16",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
     assert single.returncode == 0, single.stderr[-2000:]
     port = free_port()
-    nodes = [subprocess.Popen(
-        ["timeout", "300", sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1",
-         f"--node-rank={node}", "--master-addr=127.0.0.1", f"--master-port={port}",
-         "-m", "experiments.train", *common, "run_id=nodes", "data.batch_size=8", "trainer=multinode",
-         "trainer.accelerator=cpu", "trainer.devices=1", "trainer.precision=32-true"],
-        cwd=REPO, env=env, stdout=(sharded_world / f"node{node}.log").open("w"), stderr=subprocess.STDOUT)
-        for node in range(2)]
+    nodes = [
+        subprocess.Popen(
+            [
+                "timeout",
+                "300",
+                sys.executable,
+                "-m",
+                "torch.distributed.run",
+                "--nnodes=2",
+                "--nproc-per-node=1",
+                f"--node-rank={node}",
+                "--master-addr=127.0.0.1",
+                f"--master-port={port}",
+                "-m",
+                "experiments.train",
+                *common,
+                "run_id=nodes",
+                "data.batch_size=8",
+                "trainer=multinode",
+                "trainer.accelerator=cpu",
+                "trainer.devices=1",
+                "trainer.precision=32-true",
+            ],
+            cwd=REPO,
+            env=env,
+            stdout=(sharded_world / f"node{node}.log").open("w"),
+            stderr=subprocess.STDOUT,
+        )
+        for node in range(2)
+    ]
     for number, node in enumerate(nodes):
         node.wait()
         assert node.returncode == 0, (sharded_world / f"node{number}.log").read_text()[-3000:]
@@ -152,4 +267,6 @@ def test_the_multinode_preset_on_two_local_nodes_scores_like_one_process_with_th
     # move a near tie of the graded uni-modal NDCG in its 7th digit; ranking scores are equal.
     assert two["metrics"].keys() == one["metrics"].keys()
     for key, value in one["metrics"].items():
-        assert two["metrics"][key] == (value if "R@" in key or "mR" in key else pytest.approx(value, abs=1e-5)), key
+        assert two["metrics"][key] == (
+            value if "R@" in key or "mR" in key else pytest.approx(value, abs=1e-5)
+        ), key

@@ -186,7 +186,9 @@ def test_translation_noise_changes_only_non_english_train_captions(tmp_path):
         for code in a.captions:
             if code != "en":
                 total += 5
-                changed += sum(x != y for x, y in zip(a.captions[code], b.captions[code], strict=True))
+                changed += sum(
+                    x != y for x, y in zip(a.captions[code], b.captions[code], strict=True)
+                )
     assert changed / total > 0.8
     assert (clean / "images/train-00003.png").read_bytes() == (
         noisy / "images/train-00003.png"
@@ -301,12 +303,17 @@ def test_pretrain_split_and_parallel_corpus_share_no_scene_with_retrieval(tmp_pa
     assert not (world / PRETRAIN).exists()
     folder = build_pretrain(world, knobs)
     pretrain = load_split(folder, PRETRAIN)
-    retrieval = {scene_key(Scene.from_json(r.extras["scene"]))
-                 for split in ("train", "val", "test") for r in load_split(world, split)}
+    retrieval = {
+        scene_key(Scene.from_json(r.extras["scene"]))
+        for split in ("train", "val", "test")
+        for r in load_split(world, split)
+    }
     assert len(pretrain) == 40
     assert not retrieval & {scene_key(Scene.from_json(r.extras["scene"])) for r in pretrain}
-    lines = {code: (parallel_text_dir(folder) / f"{code}.txt").read_text(encoding="utf-8").splitlines()
-             for code in grammars.available()}
+    lines = {
+        code: (parallel_text_dir(folder) / f"{code}.txt").read_text(encoding="utf-8").splitlines()
+        for code in grammars.available()
+    }
     for code, texts in lines.items():
         assert texts == [t for r in pretrain for t in r.captions[code]]
     assert build_pretrain(world, knobs) == folder  # cached

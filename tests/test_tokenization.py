@@ -181,6 +181,8 @@ def test_data_presets_need_no_download(monkeypatch):
             assert cfg.data.tokenizer.name == "offline", name
             continue
         started = time.perf_counter()
-        with pytest.raises(ValueError, match=r"not in the local cache.*data\.tokenizer\.name=offline"):
+        with pytest.raises(
+            ValueError, match=r"not in the local cache.*data\.tokenizer\.name=offline"
+        ):
             build_tokenizer(cfg.data.tokenizer)
         assert time.perf_counter() - started < 10

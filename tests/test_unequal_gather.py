@@ -5,7 +5,6 @@ with all 19 rows, for InfoNCE and the 1-to-K loss (captions absent unevenly)."""
 import os
 
 import pytest
-
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
@@ -27,8 +26,13 @@ def problem():
     present = torch.rand(ROWS * K, generator=gen) > 0.3
     present.view(ROWS, K)[:, 0] = True  # every instance keeps a caption
     torch.manual_seed(0)
-    model = nn.ModuleDict({"image": nn.Linear(IN_DIM, DIM), "text": nn.Linear(IN_DIM, DIM),
-                           "tau": LearnableTemperature(init=0.1)})
+    model = nn.ModuleDict(
+        {
+            "image": nn.Linear(IN_DIM, DIM),
+            "text": nn.Linear(IN_DIM, DIM),
+            "tau": LearnableTemperature(init=0.1),
+        }
+    )
     return images, texts, present, model
 
 
@@ -77,8 +81,9 @@ def worker(rank, init_file, out_dir):
 def test_unequal_rows_on_two_processes_equal_one_process_with_all_rows(tmp_path):
     mp.spawn(worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
     images, texts, present, model = problem()
-    expected = {name: loss_and_grads(model, loss_of(name, model, images, texts, present))
-                for name in LOSSES}
+    expected = {
+        name: loss_and_grads(model, loss_of(name, model, images, texts, present)) for name in LOSSES
+    }
     for rank in range(WORLD):
         results = torch.load(tmp_path / f"rank{rank}.pt")
         for split in SPLITS:

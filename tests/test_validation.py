@@ -236,7 +236,9 @@ def test_a_truncated_image_is_named_with_its_record(tmp_path):
     write_png(tmp_path / "a.png")
     _truncated_jpeg(tmp_path / "b.jpg")
     records = [Record("a", "a.png", {"en": ["x"]}), Record("b", "b.jpg", {"en": ["y"]})]
-    with pytest.raises(ValueError, match=r"toy: record 'b': image .*b\.jpg cannot be read .*truncated"):
+    with pytest.raises(
+        ValueError, match=r"toy: record 'b': image .*b\.jpg cannot be read .*truncated"
+    ):
         validate(records, languages=["en"], source="toy", image_root=tmp_path)
 
 
@@ -244,7 +246,8 @@ def test_a_truncated_image_is_skipped_and_counted(tmp_path):
     write_png(tmp_path / "a.png")
     _truncated_jpeg(tmp_path / "b.jpg")
     records = [Record("a", "a.png", {"en": ["x"]}), Record("b", "b.jpg", {"en": ["y"]})]
-    kept, report = validate(records, languages=["en"], source="toy", image_root=tmp_path,
-                            on_missing_image="skip")
+    kept, report = validate(
+        records, languages=["en"], source="toy", image_root=tmp_path, on_missing_image="skip"
+    )
     assert [r.id for r in kept] == ["a"] and report.skipped_images == ["b"]
     assert "skipped 1 records with missing/unreadable images" in report.summary()

@@ -15,15 +15,28 @@ from transformers import MBartModel
 
 from datamodules.datamodule import CCRDataModule
 from datamodules.synthetic import backbones, load_split
-from datamodules.synthetic.pretrain_seq2seq import (Seq2SeqRecipe, build_seq2seq_model,
-                                                    denoising_loss, infill)
+from datamodules.synthetic.pretrain_seq2seq import (
+    Seq2SeqRecipe,
+    build_seq2seq_model,
+    denoising_loss,
+    infill,
+)
 from datamodules.synthetic.pretrain_text import CaptionTable
 from experiments.config import compose
 from methods.rc3 import RC3
 from tests.test_backbones import LANGUAGES, tiny_cfg
 
-TINY_MBART = {"d_model": 32, "heads": 2, "ffn_dim": 64, "encoder_layers": 1, "decoder_layers": 1,
-              "steps": 150, "batch_size": 32, "lr": 3e-3, "warmup_steps": 20}
+TINY_MBART = {
+    "d_model": 32,
+    "heads": 2,
+    "ffn_dim": 64,
+    "encoder_layers": 1,
+    "decoder_layers": 1,
+    "steps": 150,
+    "batch_size": 32,
+    "lr": 3e-3,
+    "warmup_steps": 20,
+}
 
 
 def test_infill_replaces_spans_covering_the_mask_ratio_by_one_mask_each():
@@ -35,7 +48,9 @@ def test_infill_replaces_spans_covering_the_mask_ratio_by_one_mask_each():
         kept = [t for t in noised[1:-1] if t != 4]
         assert kept == [t for t in ids[1:-1] if t in kept]  # the rest, in order
         assert len(ids) - 2 - len(kept) == round(0.35 * 20)  # hidden tokens: the mask ratio
-        assert all(a != 4 or b != 4 for a, b in zip(noised, noised[1:], strict=False))  # one mask per span
+        assert all(
+            a != 4 or b != 4 for a, b in zip(noised, noised[1:], strict=False)
+        )  # one mask per span
     one = infill([0, 17, 2], recipe, mask_id=4, rng=rng)
     assert one == [0, 4, 2]  # at least one span, even in a one-word caption
 
@@ -54,8 +69,10 @@ def held_out_loss(model: MBartModel, dm: CCRDataModule) -> float:
     val = load_split(Path(dm.image_root).parent, "val")
     table = CaptionTable(val, LANGUAGES, dm.tokenizer, 32)
     rng, noise = random.Random(1), np.random.default_rng(1)
-    targets = [table.ids(rng.randrange(len(table.rows)), rng.randrange(len(LANGUAGES)), 0)
-               for _ in range(128)]
+    targets = [
+        table.ids(rng.randrange(len(table.rows)), rng.randrange(len(LANGUAGES)), 0)
+        for _ in range(128)
+    ]
     sources = [infill(t, Seq2SeqRecipe(), dm.tokenizer.mask_token_id, noise) for t in targets]
     with torch.no_grad():
         return float(denoising_loss(model.eval(), sources, targets, dm.tokenizer.pad_token_id))
@@ -64,12 +81,21 @@ def held_out_loss(model: MBartModel, dm: CCRDataModule) -> float:
 def test_the_world_mbart_learns_to_denoise_captions_it_never_saw(world):
     folder = Path(world.info.backbones["seq2seq"]["pretrained"])
     pretrained = MBartModel.from_pretrained(folder)
-    assert pretrained.config.d_model == 32 and pretrained.config.vocab_size == world.tokenizer.vocab_size
+    assert (
+        pretrained.config.d_model == 32
+        and pretrained.config.vocab_size == world.tokenizer.vocab_size
+    )
     assert pretrained.config.dropout == 0.0
     torch.manual_seed(0)
-    untrained = build_seq2seq_model(Seq2SeqRecipe(**{k: TINY_MBART[k] for k in
-                                                     ("d_model", "heads", "ffn_dim", "encoder_layers",
-                                                      "decoder_layers")}), world.tokenizer)
+    untrained = build_seq2seq_model(
+        Seq2SeqRecipe(
+            **{
+                k: TINY_MBART[k]
+                for k in ("d_model", "heads", "ffn_dim", "encoder_layers", "decoder_layers")
+            }
+        ),
+        world.tokenizer,
+    )
     trained_loss, chance_loss = held_out_loss(pretrained, world), held_out_loss(untrained, world)
     # measured: 2.67 against 5.70 at random init (ln of the 300-token vocabulary: 5.70)
     assert trained_loss < 0.6 * chance_loss, (trained_loss, chance_loss)
@@ -99,7 +125,9 @@ def test_it_is_built_only_when_asked_for_and_then_read_from_the_cache(world, mon
 
 def test_a_seq2seq_recipe_leaves_the_encoders_cache_folder_alone():
     plain = backbones.BackboneRecipe.from_config({"text": {"steps": 7}})
-    with_mbart = backbones.BackboneRecipe.from_config({"text": {"steps": 7}, "seq2seq": {"steps": 3}})
+    with_mbart = backbones.BackboneRecipe.from_config(
+        {"text": {"steps": 7}, "seq2seq": {"steps": 3}}
+    )
     assert plain.encoders() == with_mbart.encoders()
     with pytest.raises(KeyError, match=r"\['stepz'\] in data.backbones.seq2seq"):
         backbones.BackboneRecipe.from_config({"seq2seq": {"stepz": 1}})
@@ -107,10 +135,19 @@ def test_a_seq2seq_recipe_leaves_the_encoders_cache_folder_alone():
 
 def rc3(world, *overrides):
     """RC3 from its preset (which starts from the world mBART) at this world's mBART size."""
-    cfg = compose(["method=rc3", "method.backbone.d_model=32",
-                   "method.backbone.heads=2", "method.backbone.ffn_dim=64",
-                   "method.backbone.encoder_layers=1", "method.backbone.decoder_layers=1",
-                   "method.visual.strict_input=patch", "method.visual.regions=null", *overrides])
+    cfg = compose(
+        [
+            "method=rc3",
+            "method.backbone.d_model=32",
+            "method.backbone.heads=2",
+            "method.backbone.ffn_dim=64",
+            "method.backbone.encoder_layers=1",
+            "method.backbone.decoder_layers=1",
+            "method.visual.strict_input=patch",
+            "method.visual.regions=null",
+            *overrides,
+        ]
+    )
     return RC3(cfg.method, cfg.optim, world.info, cfg.evaluation)
 
 
@@ -118,8 +155,11 @@ def test_rc3_starts_from_the_world_mbart(world):
     saved = MBartModel.from_pretrained(world.info.backbones["seq2seq"]["pretrained"]).state_dict()
     module = rc3(world)
     net = module.net.model.state_dict()
-    for name in ("encoder.layers.0.self_attn.k_proj.weight", "decoder.layers.0.fc1.weight",
-                 "encoder.layernorm_embedding.weight"):
+    for name in (
+        "encoder.layers.0.self_attn.k_proj.weight",
+        "decoder.layers.0.fc1.weight",
+        "encoder.layernorm_embedding.weight",
+    ):
         assert torch.equal(net[name], saved[name]), name
     rows = world.tokenizer.vocab_size
     assert torch.equal(net["shared.weight"][:rows], saved["shared.weight"])  # tags appended after
@@ -130,8 +170,14 @@ def test_rc3_names_a_mismatched_architecture_and_data_without_the_world_mbart(wo
     with pytest.raises(ValueError, match=r"d_model=64 \(world mBART: 32\).*fixes the architecture"):
         rc3(world, "method.backbone.d_model=64")
     info = dataclasses.replace(world.info, backbones={})
-    cfg = compose(["method=rc3", "method.backbone.pretrained=world", "method.visual.strict_input=patch",
-                   "method.visual.regions=null"])
+    cfg = compose(
+        [
+            "method=rc3",
+            "method.backbone.pretrained=world",
+            "method.visual.strict_input=patch",
+            "method.visual.regions=null",
+        ]
+    )
     with pytest.raises(ValueError, match="pretrained=world.*does not provide"):
         RC3(cfg.method, cfg.optim, info, cfg.evaluation)
 
@@ -145,20 +191,31 @@ def test_the_first_stage_reads_frozen_encoders_and_only_its_probe_heads_train(wo
     module.train()
     assert not frozen.training and not frozen.text.training
     images = torch.randn(4, 3, world.info.image_size, world.info.image_size)
-    tokens = world.tokenizer(["a red circle", "a blue square", "ein roter Kreis", "a red circle"], 16)
+    tokens = world.tokenizer(
+        ["a red circle", "a blue square", "ein roter Kreis", "a red circle"], 16
+    )
     embedded = module.encode_texts(tokens["input_ids"], tokens["attention_mask"])
     assert torch.allclose(embedded[0], embedded[3])  # a caption's own features, whatever the batch
     direct = module.probe_text(frozen.text_features(tokens["input_ids"], tokens["attention_mask"]))
     assert torch.allclose(embedded, direct, atol=1e-6)
-    assert torch.allclose(module.encode_images(images),
-                          module.probe_image(frozen.image(images).mean(1)), atol=1e-6)
+    assert torch.allclose(
+        module.encode_images(images), module.probe_image(frozen.image(images).mean(1)), atol=1e-6
+    )
 
 
 def test_a_first_stage_on_data_without_world_encoders_names_the_config_key(world):
     info = dataclasses.replace(world.info, backbones={})
-    cfg = compose(["method=rc3", "method.backbone.pretrained=null", "method.visual.strict_input=patch",
-                   "method.visual.regions=null"])
-    with pytest.raises(ValueError, match="method.first_stage: image encoder 'world'.*set method.first_stage"):
+    cfg = compose(
+        [
+            "method=rc3",
+            "method.backbone.pretrained=null",
+            "method.visual.strict_input=patch",
+            "method.visual.regions=null",
+        ]
+    )
+    with pytest.raises(
+        ValueError, match="method.first_stage: image encoder 'world'.*set method.first_stage"
+    ):
         RC3(cfg.method, cfg.optim, info, cfg.evaluation)
     with pytest.raises(ValueError, match="name both image_encoder and text_encoder"):
         rc3(world, "method.first_stage.text_encoder=null")

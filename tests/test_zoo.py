@@ -36,7 +36,9 @@ def models(tmp_path_factory):
         "hf_clip": save_tiny_hf_clip(root / "hf-clip", CORPUS),
         "hf_metaclip2": save_tiny_metaclip2(root / "metaclip2", CORPUS),
         "hf_remote": save_tiny_remote_code(root / "remote", CORPUS),
-        "batch_dependent": save_tiny_remote_code(root / "batch-dependent", CORPUS, batch_centered=True),
+        "batch_dependent": save_tiny_remote_code(
+            root / "batch-dependent", CORPUS, batch_centered=True
+        ),
         "mclip": save_tiny_mclip(root / "mclip", CORPUS),
     }
 
@@ -54,9 +56,16 @@ def family_entries(folder: Path, models: dict) -> dict[str, dict]:
         "tiny-open-clip": {"loader": "open_clip", "model": f"local-dir:{models['open_clip']}"},
         "tiny-hf-clip": {"loader": "hf_clip", "model": str(models["hf_clip"])},
         "tiny-metaclip2": {"loader": "hf_metaclip2", "model": str(models["hf_metaclip2"])},
-        "tiny-remote": {"loader": "hf_remote", "model": str(models["hf_remote"]), "revision": COMMIT},
-        "tiny-mclip": {"loader": "mclip", "model": str(models["mclip"]),
-                       "image_model": f"local-dir:{models['open_clip']}"},
+        "tiny-remote": {
+            "loader": "hf_remote",
+            "model": str(models["hf_remote"]),
+            "revision": COMMIT,
+        },
+        "tiny-mclip": {
+            "loader": "mclip",
+            "model": str(models["mclip"]),
+            "image_model": f"local-dir:{models['open_clip']}",
+        },
     }
     for name, entry in fields.items():
         write_entry(folder, name, **entry)
@@ -76,26 +85,36 @@ def test_every_shipped_zoo_entry_parses_and_names_a_model_its_loader_knows():
         if e.loader == "open_clip":
             assert (e.model, e.pretrained) in listed, e.name
     models = {(e.loader, e.model, e.pretrained) for e in entries.values()}
-    for wanted in [("open_clip", "ViT-H-14-worldwide", "metaclip2_worldwide"),
-                   ("open_clip", "ViT-bigG-14-worldwide", "metaclip2_worldwide"),
-                   ("hf_metaclip2", "facebook/metaclip-2-mt5-worldwide-s16", None),
-                   ("open_clip", "nllb-clip-base-siglip", "mrl"),
-                   ("open_clip", "ViT-B-16-SigLIP-i18n-256", "webli"),
-                   ("open_clip", "xlm-roberta-large-ViT-H-14", "frozen_laion5b_s13b_b90k"),
-                   ("hf_clip", "BAAI/AltCLIP-m18", None),
-                   ("hf_remote", "jinaai/jina-clip-v2", None),
-                   ("mclip", "M-CLIP/XLM-Roberta-Large-Vit-B-16Plus", "laion400m_e32")]:
+    for wanted in [
+        ("open_clip", "ViT-H-14-worldwide", "metaclip2_worldwide"),
+        ("open_clip", "ViT-bigG-14-worldwide", "metaclip2_worldwide"),
+        ("hf_metaclip2", "facebook/metaclip-2-mt5-worldwide-s16", None),
+        ("open_clip", "nllb-clip-base-siglip", "mrl"),
+        ("open_clip", "ViT-B-16-SigLIP-i18n-256", "webli"),
+        ("open_clip", "xlm-roberta-large-ViT-H-14", "frozen_laion5b_s13b_b90k"),
+        ("hf_clip", "BAAI/AltCLIP-m18", None),
+        ("hf_remote", "jinaai/jina-clip-v2", None),
+        ("mclip", "M-CLIP/XLM-Roberta-Large-Vit-B-16Plus", "laion400m_e32"),
+    ]:
         assert wanted in models, wanted
     assert entries["jina-clip-v2"].revision is None  # unverified here: refused until pinned
 
 
-@pytest.mark.parametrize("family, direct", [
-    ("tiny-open-clip", lambda m: [f"model=open_clip:local-dir:{m['open_clip']}"]),
-    ("tiny-hf-clip", lambda m: [f"model=hf:{m['hf_clip']}"]),
-    ("tiny-metaclip2", lambda m: [f"model=hf:{m['hf_metaclip2']}"]),
-    ("tiny-remote", lambda m: [f"model=hf:{m['hf_remote']}", "remote_code=true", f"revision={COMMIT}"]),
-])
-def test_a_zoo_entry_scores_as_the_model_it_names(family, direct, world, models, tmp_path, monkeypatch):
+@pytest.mark.parametrize(
+    "family, direct",
+    [
+        ("tiny-open-clip", lambda m: [f"model=open_clip:local-dir:{m['open_clip']}"]),
+        ("tiny-hf-clip", lambda m: [f"model=hf:{m['hf_clip']}"]),
+        ("tiny-metaclip2", lambda m: [f"model=hf:{m['hf_metaclip2']}"]),
+        (
+            "tiny-remote",
+            lambda m: [f"model=hf:{m['hf_remote']}", "remote_code=true", f"revision={COMMIT}"],
+        ),
+    ],
+)
+def test_a_zoo_entry_scores_as_the_model_it_names(
+    family, direct, world, models, tmp_path, monkeypatch
+):
     monkeypatch.setenv("CCR_ZOO_DIR", str(tmp_path / "zoo"))
     family_entries(tmp_path / "zoo", models)
     row = score([f"model=zoo:{family}"], world, tmp_path / "zoo-runs")
@@ -106,9 +125,17 @@ def test_a_zoo_entry_scores_as_the_model_it_names(family, direct, world, models,
     assert row["external"]["revision"] == (COMMIT if family == "tiny-remote" else None)
 
 
-def test_remote_code_without_a_revision_is_a_one_line_error(world, models, tmp_path, capsys, monkeypatch):
-    err = run_cli([f"model=hf:{models['hf_remote']}", "remote_code=true",
-                   *world_overrides(world, tmp_path / "runs")], capsys)
+def test_remote_code_without_a_revision_is_a_one_line_error(
+    world, models, tmp_path, capsys, monkeypatch
+):
+    err = run_cli(
+        [
+            f"model=hf:{models['hf_remote']}",
+            "remote_code=true",
+            *world_overrides(world, tmp_path / "runs"),
+        ],
+        capsys,
+    )
     assert "runs modelling code from its repository: pin it with revision=<40-hex commit>" in err
     monkeypatch.setenv("CCR_ZOO_DIR", str(tmp_path / "zoo"))
     write_entry(tmp_path / "zoo", "unpinned", loader="hf_remote", model=str(models["hf_remote"]))
@@ -117,21 +144,29 @@ def test_remote_code_without_a_revision_is_a_one_line_error(world, models, tmp_p
     assert not list(tmp_path.rglob("metrics.json"))
 
 
-@pytest.mark.parametrize("args, message", [
-    (["remote_code=true", "revision=main"], "revision 'main' is not a commit hash"),
-    ([], "cannot load hf:"),  # transformers refuses custom code it was not allowed to run
-])
-def test_remote_code_runs_only_when_asked_with_a_commit(args, message, world, models, tmp_path, capsys):
-    err = run_cli([f"model=hf:{models['hf_remote']}", *args, *world_overrides(world, tmp_path / "runs")],
-                  capsys)
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["remote_code=true", "revision=main"], "revision 'main' is not a commit hash"),
+        ([], "cannot load hf:"),  # transformers refuses custom code it was not allowed to run
+    ],
+)
+def test_remote_code_runs_only_when_asked_with_a_commit(
+    args, message, world, models, tmp_path, capsys
+):
+    err = run_cli(
+        [f"model=hf:{models['hf_remote']}", *args, *world_overrides(world, tmp_path / "runs")],
+        capsys,
+    )
     assert message in err
     assert not list(tmp_path.rglob("metrics.json"))
 
 
 def test_a_bad_zoo_file_is_refused_naming_the_file_and_field(tmp_path, monkeypatch):
     monkeypatch.setenv("CCR_ZOO_DIR", str(tmp_path))
-    path = write_entry(tmp_path, "bad", loader="open_clip", model="ViT-B-32", pretrained="x",
-                       revision="v1.0")
+    path = write_entry(
+        tmp_path, "bad", loader="open_clip", model="ViT-B-32", pretrained="x", revision="v1.0"
+    )
     with pytest.raises(ConfigError, match=f"{path}: field 'revision' = 'v1.0'"):
         zoo.entry("bad")
     path = write_entry(tmp_path, "bad", loader="open_clip", model="ViT-B-32")
@@ -144,25 +179,37 @@ def test_a_bad_zoo_file_is_refused_naming_the_file_and_field(tmp_path, monkeypat
 
 @pytest.mark.parametrize("offline", [False, True])
 def test_eval_zoo_scores_each_local_model_once_and_lists_the_skipped_with_reasons(
-        offline, world, models, tmp_path, capsys, monkeypatch):
+    offline, world, models, tmp_path, capsys, monkeypatch
+):
     monkeypatch.setenv("CCR_ZOO_DIR", str(tmp_path / "zoo"))
     if offline:
         monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     else:
         monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     local = family_entries(tmp_path / "zoo", models)
-    write_entry(tmp_path / "zoo", "not-cached", loader="hf_clip", model="ccr-suite-tests/no-such-model")
+    write_entry(
+        tmp_path / "zoo", "not-cached", loader="hf_clip", model="ccr-suite-tests/no-such-model"
+    )
     write_entry(tmp_path / "zoo", "unpinned", loader="hf_remote", model="ccr-suite-tests/remote")
-    write_entry(tmp_path / "zoo", "mclip", loader="mclip", model="M-CLIP/XLM-Roberta-Large-Vit-B-16Plus",
-                image_model="ViT-B-16-plus-240", pretrained="laion400m_e32")
+    write_entry(
+        tmp_path / "zoo",
+        "mclip",
+        loader="mclip",
+        model="M-CLIP/XLM-Roberta-Large-Vit-B-16Plus",
+        image_model="ViT-B-16-plus-240",
+        pretrained="laion400m_e32",
+    )
     runs = tmp_path / "runs"
     zoo.main(["device=cpu", *world_overrides(world, runs)])
     out = capsys.readouterr().out
     rows = leaderboard.aggregate(leaderboard.load_results(runs))
     assert sorted(r["method"] for r in rows) == sorted(f"zoo:{name}" for name in local)
     assert "zoo: scored 5 of 8 models; skipped 3:" in out
-    cache = ("not in the local cache and hub access is off (HF_HUB_OFFLINE)" if offline
-             else "not in the local cache (make eval MODEL=zoo:not-cached downloads it)")
+    cache = (
+        "not in the local cache and hub access is off (HF_HUB_OFFLINE)"
+        if offline
+        else "not in the local cache (make eval MODEL=zoo:not-cached downloads it)"
+    )
     assert f"  not-cached: {cache}" in out
     assert "  unpinned: remote code without a revision (pin one: revision=<40-hex commit>)" in out
     assert "  mclip: not in the local cache" in out
@@ -170,8 +217,11 @@ def test_eval_zoo_scores_each_local_model_once_and_lists_the_skipped_with_reason
 
 def test_a_model_whose_embeddings_depend_on_the_batch_is_scored_and_marked(world, models, tmp_path):
     runs = tmp_path / "runs"
-    row = score([f"model=hf:{models['batch_dependent']}", "remote_code=true", f"revision={COMMIT}"],
-                world, runs)
+    row = score(
+        [f"model=hf:{models['batch_dependent']}", "remote_code=true", f"revision={COMMIT}"],
+        world,
+        runs,
+    )
     check = row["external"]["batch_invariance"]
     assert check["invariant"] is False and check["batch_sizes"] == [16, 1]
     assert check["max_abs_diff"] > 1e-2
@@ -179,9 +229,15 @@ def test_a_model_whose_embeddings_depend_on_the_batch_is_scored_and_marked(world
     (board_row,) = leaderboard.build(runs)
     assert leaderboard.external_label(board_row) == "external, batch-dependent"
     table = (runs / "leaderboard.md").read_text()
-    assert "(external, batch-dependent)" in table and "its score depends on the evaluation batch" in table
-    clean = score([f"model=hf:{models['hf_remote']}", "remote_code=true", f"revision={COMMIT}"],
-                  world, tmp_path / "clean")
+    assert (
+        "(external, batch-dependent)" in table
+        and "its score depends on the evaluation batch" in table
+    )
+    clean = score(
+        [f"model=hf:{models['hf_remote']}", "remote_code=true", f"revision={COMMIT}"],
+        world,
+        tmp_path / "clean",
+    )
     assert clean["external"]["batch_invariance"]["invariant"] is True
 
 
@@ -221,7 +277,8 @@ def test_only_an_nllb_tokenizer_is_told_the_caption_language():
 
 
 def test_an_mclip_row_is_xlmr_mean_pooled_and_mapped_against_its_open_clip_image_tower(
-        world, models, tmp_path, monkeypatch):
+    world, models, tmp_path, monkeypatch
+):
     """M-CLIP scored as its authors compute it: the mask-weighted mean of XLM-R's last states, then
     the linear map; images through the open_clip tower and its transform."""
     import torch
@@ -234,11 +291,18 @@ def test_an_mclip_row_is_xlmr_mean_pooled_and_mapped_against_its_open_clip_image
     state = torch.load(models["mclip"] / "pytorch_model.bin", weights_only=True)
     config = json.loads((models["mclip"] / "config.json").read_text())
     xlmr = XLMRobertaModel(XLMRobertaConfig.from_pretrained(config["modelBase"])).eval()
-    xlmr.load_state_dict({k.removeprefix("transformer."): v for k, v in state.items()
-                          if k.startswith("transformer.")})
+    xlmr.load_state_dict(
+        {
+            k.removeprefix("transformer."): v
+            for k, v in state.items()
+            if k.startswith("transformer.")
+        }
+    )
     weight, bias = state["LinearTransformation.weight"], state["LinearTransformation.bias"]
     tokenizer = AutoTokenizer.from_pretrained(models["mclip"])
-    image_model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{models['open_clip']}")
+    image_model, _, preprocess = open_clip.create_model_and_transforms(
+        f"local-dir:{models['open_clip']}"
+    )
     image_model.eval()
 
     def encode_text(text, lang):
@@ -249,7 +313,12 @@ def test_an_mclip_row_is_xlmr_mean_pooled_and_mapped_against_its_open_clip_image
 
     records, paths, captions = hand_listed_test_set(world)
     with torch.no_grad():
-        direct, _, _ = direct_report(records, paths, captions,
-                                     lambda im: image_model.encode_image(preprocess(im)[None]), encode_text)
+        direct, _, _ = direct_report(
+            records,
+            paths,
+            captions,
+            lambda im: image_model.encode_image(preprocess(im)[None]),
+            encode_text,
+        )
     assert_same_scores(row["metrics"], direct)
     assert row["external"]["image_model"] == f"local-dir:{models['open_clip']}"

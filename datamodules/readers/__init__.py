@@ -28,7 +28,9 @@ class DatasetReader:
 READERS: dict[str, DatasetReader] = {
     "multi30k": DatasetReader(multi30k.TASK1_SPLITS, multi30k.read_task1, True),
     "multi30k_task2": DatasetReader(multi30k.TASK2_SPLITS, multi30k.read_task2, False),
-    "xflickrco": DatasetReader(iglue_captions.XFLICKRCO_SPLITS, iglue_captions.read_xflickrco, True),
+    "xflickrco": DatasetReader(
+        iglue_captions.XFLICKRCO_SPLITS, iglue_captions.read_xflickrco, True
+    ),
     "flickr30k_iglue": DatasetReader(
         iglue_captions.FLICKR30K_SPLITS, iglue_captions.read_flickr30k, False
     ),

@@ -51,8 +51,10 @@ def decode_utf8(path: Path, raw: bytes) -> str:
     except UnicodeDecodeError as err:
         line = raw.count(b"\n", 0, err.start) + 1
         column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1
-        raise ValueError(f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
-                         f"{column}); re-encode the file as UTF-8") from None
+        raise ValueError(
+            f"{path}:{line}: not UTF-8 text (byte 0x{raw[err.start]:02x} at column "
+            f"{column}); re-encode the file as UTF-8"
+        ) from None
 
 
 def read_jsonl(path: Path) -> Iterator[tuple[int, dict[str, Any]]]:

@@ -76,7 +76,9 @@ class BackboneRecipe:
         text = build(TextRecipe, values.pop("text", {}) or {}, "data.backbones.text")
         image = build(ImageRecipe, values.pop("image", {}) or {}, "data.backbones.image")
         seq2seq = build(Seq2SeqRecipe, values.pop("seq2seq", {}) or {}, "data.backbones.seq2seq")
-        return build(cls, {**values, "text": text, "image": image, "seq2seq": seq2seq}, "data.backbones")
+        return build(
+            cls, {**values, "text": text, "image": image, "seq2seq": seq2seq}, "data.backbones"
+        )
 
 
 class LazyBackbones(Mapping):
@@ -108,29 +110,56 @@ def tokenizer_digest(tokenizer: Tokenizer) -> str:
     without the padding and truncation settings, which tokenising a batch changes in place."""
     raw = getattr(tokenizer, "raw", None)
     if raw is None:
-        text = str(getattr(tokenizer, "hf").name_or_path)
+        text = str(tokenizer.hf.name_or_path)
     else:
-        state = {k: v for k, v in json.loads(raw.to_str()).items() if k not in ("padding", "truncation")}
+        state = {
+            k: v for k, v in json.loads(raw.to_str()).items() if k not in ("padding", "truncation")
+        }
         text = json.dumps(state, sort_keys=True)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def backbone_dir(root: str | Path, world: Path, tokenizer: Tokenizer,
-                 settings: Mapping[str, Any], recipe: BackboneRecipe) -> Path:
+def backbone_dir(
+    root: str | Path,
+    world: Path,
+    tokenizer: Tokenizer,
+    settings: Mapping[str, Any],
+    recipe: BackboneRecipe,
+) -> Path:
     """Where the backbones for this world, tokenizer, data settings (languages, image size and
     normalisation, max length) and recipe live."""
-    key = json.dumps({"world": Path(world).name, "tokenizer": tokenizer_digest(tokenizer),
-                      "settings": dict(settings), "recipe": recipe.encoders(),
-                      "version": BACKBONES_VERSION}, sort_keys=True)
+    key = json.dumps(
+        {
+            "world": Path(world).name,
+            "tokenizer": tokenizer_digest(tokenizer),
+            "settings": dict(settings),
+            "recipe": recipe.encoders(),
+            "version": BACKBONES_VERSION,
+        },
+        sort_keys=True,
+    )
     return Path(root) / f"backbones-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
-def seq2seq_dir(root: str | Path, world: Path, tokenizer: Tokenizer, settings: Mapping[str, Any],
-                recipe: BackboneRecipe) -> Path:
+def seq2seq_dir(
+    root: str | Path,
+    world: Path,
+    tokenizer: Tokenizer,
+    settings: Mapping[str, Any],
+    recipe: BackboneRecipe,
+) -> Path:
     """Where the world mBART for this world, tokenizer, languages, max length and recipe lives."""
-    key = json.dumps({"world": Path(world).name, "tokenizer": tokenizer_digest(tokenizer),
-                      "settings": dict(settings), "recipe": asdict(recipe.seq2seq), "seed": recipe.seed,
-                      "version": SEQ2SEQ_VERSION}, sort_keys=True)
+    key = json.dumps(
+        {
+            "world": Path(world).name,
+            "tokenizer": tokenizer_digest(tokenizer),
+            "settings": dict(settings),
+            "recipe": asdict(recipe.seq2seq),
+            "seed": recipe.seed,
+            "version": SEQ2SEQ_VERSION,
+        },
+        sort_keys=True,
+    )
     return Path(root) / f"seq2seq-{hashlib.sha256(key.encode()).hexdigest()[:12]}"
 
 
@@ -139,17 +168,30 @@ def seq2seq_spec(folder: Path) -> dict:
     return {"pretrained": str((folder / SEQ2SEQ_DIR).resolve())}
 
 
-def build_seq2seq(target: Path, records: list[Record], languages: list[str], tokenizer: Tokenizer,
-                  max_length: int, recipe: BackboneRecipe) -> Path:
+def build_seq2seq(
+    target: Path,
+    records: list[Record],
+    languages: list[str],
+    tokenizer: Tokenizer,
+    max_length: int,
+    recipe: BackboneRecipe,
+) -> Path:
     """Pretrain the world mBART on ``records`` unless ``target`` holds it (like
     :func:`build_backbones`, through :func:`build_once`)."""
+
     def build(staging: Path) -> dict:
-        model, loss = pretrain_seq2seq(records, languages, tokenizer, max_length, recipe.seq2seq,
-                                       recipe.seed)
+        model, loss = pretrain_seq2seq(
+            records, languages, tokenizer, max_length, recipe.seq2seq, recipe.seed
+        )
         model.save_pretrained(staging / SEQ2SEQ_DIR)
         save_tokenizer(tokenizer, staging / SEQ2SEQ_DIR)
-        return {"recipe": asdict(recipe.seq2seq), "seed": recipe.seed, "languages": languages,
-                "pretrain_records": len(records), "denoising_loss": round(loss, 4)}
+        return {
+            "recipe": asdict(recipe.seq2seq),
+            "seed": recipe.seed,
+            "languages": languages,
+            "pretrain_records": len(records),
+            "denoising_loss": round(loss, 4),
+        }
 
     return build_once(target, build)
 
@@ -169,8 +211,11 @@ def build_once(target: Path, build: Callable[[Path], dict]) -> Path:
         staging = target.with_name(f".{target.name}.{os.getpid()}")
         shutil.rmtree(staging, ignore_errors=True)
         staging.mkdir(parents=True)
-        summary = {**build(staging), "threads": BUILD_THREADS,
-                   "total_seconds": round(time.perf_counter() - started, 1)}
+        summary = {
+            **build(staging),
+            "threads": BUILD_THREADS,
+            "total_seconds": round(time.perf_counter() - started, 1),
+        }
         (staging / SUMMARY).write_text(json.dumps(summary, indent=1, sort_keys=True))
         try:
             os.replace(staging, target)
@@ -194,37 +239,53 @@ def encoder_specs(folder: Path, recipe: BackboneRecipe, image_size: int) -> dict
     """The encoder settings ``name: world`` resolves to (``DataInfo.backbones``)."""
     return {
         "text": {"name": f"hf:{(folder / TEXT_DIR).resolve()}", "pretrained": True},
-        "image": {"name": f"timm:{recipe.image.model}",
-                  "pretrained": str((folder / IMAGE_FILE).resolve()),
-                  "options": recipe.image.timm_options(image_size)},
+        "image": {
+            "name": f"timm:{recipe.image.model}",
+            "pretrained": str((folder / IMAGE_FILE).resolve()),
+            "options": recipe.image.timm_options(image_size),
+        },
     }
 
 
-def build_backbones(target: Path, records: list[Record], languages: list[str],
-                    tokenizer: Tokenizer, max_length: int, image_root: Path,
-                    transform: ImageTransform, recipe: BackboneRecipe,
-                    check: list[Record] | None = None) -> Path:
+def build_backbones(
+    target: Path,
+    records: list[Record],
+    languages: list[str],
+    tokenizer: Tokenizer,
+    max_length: int,
+    image_root: Path,
+    transform: ImageTransform,
+    recipe: BackboneRecipe,
+    check: list[Record] | None = None,
+) -> Path:
     """Pretrain both backbones on ``records`` (the world's pretrain split) unless ``target`` holds
     them (:func:`build_once`); ``check`` (e.g. the val split) measures the text encoder's
     translation preference."""
+
     def build(staging: Path) -> dict:
         started = time.perf_counter()
         (staging / "image").mkdir()
-        text_model, mlm_loss = pretrain_text(records, languages, tokenizer, max_length, recipe.text,
-                                             recipe.seed)
+        text_model, mlm_loss = pretrain_text(
+            records, languages, tokenizer, max_length, recipe.text, recipe.seed
+        )
         text_seconds = time.perf_counter() - started
         text_model.roberta.save_pretrained(staging / TEXT_DIR)
         save_tokenizer(tokenizer, staging / TEXT_DIR)
         image_model, f1 = pretrain_image(records, image_root, transform, recipe.image, recipe.seed)
         torch.save(image_model.state_dict(), staging / IMAGE_FILE)
         summary = {
-            "recipe": recipe.encoders(), "languages": languages, "pretrain_records": len(records),
-            "text_mlm_loss": round(mlm_loss, 4), "image_label_f1": round(f1, 4),
+            "recipe": recipe.encoders(),
+            "languages": languages,
+            "pretrain_records": len(records),
+            "text_mlm_loss": round(mlm_loss, 4),
+            "image_label_f1": round(f1, 4),
             "text_seconds": round(text_seconds, 1),
         }
         if check and "en" in languages and len(languages) > 1:
             summary["translation_preference"] = round(
-                translation_preference(text_model.roberta, tokenizer, check, languages, max_length), 4)
+                translation_preference(text_model.roberta, tokenizer, check, languages, max_length),
+                4,
+            )
         return summary
 
     return build_once(target, build)
@@ -238,24 +299,38 @@ def save_tokenizer(tokenizer: Tokenizer, folder: Path) -> None:
     from transformers import PreTrainedTokenizerFast
 
     PreTrainedTokenizerFast(
-        tokenizer_object=raw, bos_token="<s>", cls_token="<s>", eos_token="</s>",
-        sep_token="</s>", pad_token="<pad>", unk_token="<unk>", mask_token="<mask>",
+        tokenizer_object=raw,
+        bos_token="<s>",
+        cls_token="<s>",
+        eos_token="</s>",
+        sep_token="</s>",
+        pad_token="<pad>",
+        unk_token="<unk>",
+        mask_token="<mask>",
     ).save_pretrained(folder)
 
 
-def mean_states(model: torch.nn.Module, tokenizer: Tokenizer, texts: list[str],
-                max_length: int) -> torch.Tensor:
+def mean_states(
+    model: torch.nn.Module, tokenizer: Tokenizer, texts: list[str], max_length: int
+) -> torch.Tensor:
     """L2-normalised mean of the last hidden states over each text's tokens."""
     tokens = tokenizer(texts, max_length)
     with torch.no_grad():
-        states = model(input_ids=tokens["input_ids"],
-                       attention_mask=tokens["attention_mask"]).last_hidden_state
+        states = model(
+            input_ids=tokens["input_ids"], attention_mask=tokens["attention_mask"]
+        ).last_hidden_state
     mask = tokens["attention_mask"].unsqueeze(-1).float()
     return F.normalize((states * mask).sum(1) / mask.sum(1), dim=-1)
 
 
-def translation_preference(model: torch.nn.Module, tokenizer: Tokenizer, records: list[Record],
-                           languages: list[str], max_length: int, seed: int = 0) -> float:
+def translation_preference(
+    model: torch.nn.Module,
+    tokenizer: Tokenizer,
+    records: list[Record],
+    languages: list[str],
+    max_length: int,
+    seed: int = 0,
+) -> float:
     """Share of (English caption, other language) cases where the caption's own translation is
     nearer (cosine of mean states) than a random caption of another scene in that language.
     0.5 is chance; a model that ignores the text cannot beat it."""
@@ -267,7 +342,9 @@ def translation_preference(model: torch.nn.Module, tokenizer: Tokenizer, records
         if lang == "en":
             continue
         own = mean_states(model, tokenizer, [r.captions[lang][0] for r in records], max_length)
-        others = [rng.choice([j for j in range(len(records)) if j != i]) for i in range(len(records))]
+        others = [
+            rng.choice([j for j in range(len(records)) if j != i]) for i in range(len(records))
+        ]
         wins += int(((query * own).sum(1) > (query * own[others]).sum(1)).sum())
         total += len(records)
     return wins / max(total, 1)
@@ -286,8 +363,10 @@ def main(argv: list[str] | None = None) -> None:
     data.prepare_data()
     data.setup("fit")
     for kind, spec in data.info.backbones.items():
-        print(f"{kind}: {spec.get('name', 'mBART')}" + (f" (weights {spec['pretrained']})"
-                                                      if isinstance(spec["pretrained"], str) else ""))
+        print(
+            f"{kind}: {spec.get('name', 'mBART')}"
+            + (f" (weights {spec['pretrained']})" if isinstance(spec["pretrained"], str) else "")
+        )
 
 
 if __name__ == "__main__":

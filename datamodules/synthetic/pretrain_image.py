@@ -32,8 +32,13 @@ class ImageRecipe:
     warmup_steps: int = 50
 
     def timm_options(self, image_size: int) -> dict:
-        return {"img_size": image_size, "patch_size": self.patch_size,
-                "embed_dim": self.embed_dim, "depth": self.depth, "num_heads": self.num_heads}
+        return {
+            "img_size": image_size,
+            "patch_size": self.patch_size,
+            "embed_dim": self.embed_dim,
+            "depth": self.depth,
+            "num_heads": self.num_heads,
+        }
 
 
 LABELS = (
@@ -52,8 +57,14 @@ def scene_labels(scene: Scene) -> list[str]:
     """The described objects' labels (distractors are not named, as captions do not name them)."""
     labels = [f"background:{scene.background}"] if scene.background else []
     for o in scene.objects:
-        labels += [f"shape:{o.shape}", f"colour:{o.colour}", f"object:{o.colour} {o.shape}",
-                   f"{o.position}:{o.shape}", f"{o.position}:{o.colour}", f"{o.position}:{o.size}"]
+        labels += [
+            f"shape:{o.shape}",
+            f"colour:{o.colour}",
+            f"object:{o.colour} {o.shape}",
+            f"{o.position}:{o.shape}",
+            f"{o.position}:{o.colour}",
+            f"{o.position}:{o.size}",
+        ]
     return labels
 
 
@@ -65,8 +76,13 @@ def targets(records: list[Record]) -> torch.Tensor:
     return multi_hot
 
 
-def pretrain_image(records: list[Record], image_root: Path, transform: ImageTransform,
-                   recipe: ImageRecipe, seed: int) -> tuple[torch.nn.Module, float]:
+def pretrain_image(
+    records: list[Record],
+    image_root: Path,
+    transform: ImageTransform,
+    recipe: ImageRecipe,
+    seed: int,
+) -> tuple[torch.nn.Module, float]:
     """Train the classifier for ``recipe.steps`` steps; returns it (eval mode, head included) and
     the label F1 (threshold 0.5) on the last 10 % of the records, which it never trains on."""
     import timm
@@ -77,13 +93,18 @@ def pretrain_image(records: list[Record], image_root: Path, transform: ImageTran
     labels = targets(records)
     held = max(1, len(records) // 10)
     train_x, train_y, test_x, test_y = images[held:], labels[held:], images[:held], labels[:held]
-    model = timm.create_model(recipe.model, pretrained=False, num_classes=len(LABELS),
-                              **recipe.timm_options(images.shape[-1]))
+    model = timm.create_model(
+        recipe.model,
+        pretrained=False,
+        num_classes=len(LABELS),
+        **recipe.timm_options(images.shape[-1]),
+    )
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.05)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda step: min((step + 1) / max(recipe.warmup_steps, 1),
-                         max(0.05, 1 - step / max(recipe.steps, 1))),
+        lambda step: min(
+            (step + 1) / max(recipe.warmup_steps, 1), max(0.05, 1 - step / max(recipe.steps, 1))
+        ),
     )
     model.train()
     for _ in range(recipe.steps):

@@ -42,8 +42,9 @@ class TextRecipe:
 class CaptionTable:
     """Every pretrain caption tokenised once: ``ids[record, language, k]`` without padding."""
 
-    def __init__(self, records: list[Record], languages: list[str], tokenizer: Tokenizer,
-                 max_length: int):
+    def __init__(
+        self, records: list[Record], languages: list[str], tokenizer: Tokenizer, max_length: int
+    ):
         self.languages = languages
         texts = [t for r in records for lang in languages for t in r.captions[lang]]
         tokens = tokenizer(texts, max_length)
@@ -85,8 +86,13 @@ def pad(sequences: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     return ids, (ids != pad_id).long()
 
 
-def mask_for_mlm(ids: torch.Tensor, special: torch.Tensor, recipe: TextRecipe, tokenizer: Tokenizer,
-                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def mask_for_mlm(
+    ids: torch.Tensor,
+    special: torch.Tensor,
+    recipe: TextRecipe,
+    tokenizer: Tokenizer,
+    generator: torch.Generator,
+) -> tuple[torch.Tensor, torch.Tensor]:
     """BERT masking: ``mask_probability`` of the ordinary tokens are predicted; of those 80 % become
     <mask>, 10 % a random token and 10 % stay. At least one token per row is predicted."""
     chosen = (torch.rand(ids.shape, generator=generator) < recipe.mask_probability) & ~special
@@ -101,8 +107,12 @@ def mask_for_mlm(ids: torch.Tensor, special: torch.Tensor, recipe: TextRecipe, t
     return inputs, labels
 
 
-def masked_lm_loss(model: XLMRobertaForMaskedLM, inputs: torch.Tensor, attention: torch.Tensor,
-                   labels: torch.Tensor) -> torch.Tensor:
+def masked_lm_loss(
+    model: XLMRobertaForMaskedLM,
+    inputs: torch.Tensor,
+    attention: torch.Tensor,
+    labels: torch.Tensor,
+) -> torch.Tensor:
     """Cross-entropy at the predicted positions only (the vocabulary projection of every other
     position would be most of the step's cost and add nothing)."""
     states = model.roberta(input_ids=inputs, attention_mask=attention).last_hidden_state
@@ -110,7 +120,9 @@ def masked_lm_loss(model: XLMRobertaForMaskedLM, inputs: torch.Tensor, attention
     return F.cross_entropy(model.lm_head(states[chosen]), labels[chosen])
 
 
-def sample_batch(table: CaptionTable, tlm: bool, batch_size: int, rng: random.Random) -> list[list[int]]:
+def sample_batch(
+    table: CaptionTable, tlm: bool, batch_size: int, rng: random.Random
+) -> list[list[int]]:
     """MLM: random captions of random languages. TLM: a caption followed by its translation
     (the second's <s> dropped), two different languages of the same scene and caption index."""
     sequences = []
@@ -124,8 +136,9 @@ def sample_batch(table: CaptionTable, tlm: bool, batch_size: int, rng: random.Ra
     return sequences
 
 
-def sample_translations(table: CaptionTable, batch_size: int,
-                        rng: random.Random) -> tuple[list[list[int]], list[list[int]]]:
+def sample_translations(
+    table: CaptionTable, batch_size: int, rng: random.Random
+) -> tuple[list[list[int]], list[list[int]]]:
     """``batch_size`` captions of distinct scenes and their translations into another language."""
     sources, targets = [], []
     for record in rng.sample(range(len(table.rows)), min(batch_size, len(table.rows))):
@@ -136,14 +149,21 @@ def sample_translations(table: CaptionTable, batch_size: int,
     return sources, targets
 
 
-def mean_pooled(model: XLMRobertaForMaskedLM, ids: torch.Tensor, attention: torch.Tensor) -> torch.Tensor:
+def mean_pooled(
+    model: XLMRobertaForMaskedLM, ids: torch.Tensor, attention: torch.Tensor
+) -> torch.Tensor:
     states = model.roberta(input_ids=ids, attention_mask=attention).last_hidden_state
     weights = attention.unsqueeze(-1).float()
     return F.normalize((states * weights).sum(1) / weights.sum(1), dim=-1)
 
 
-def translation_ranking_loss(model: XLMRobertaForMaskedLM, table: CaptionTable, recipe: TextRecipe,
-                             pad_id: int, rng: random.Random) -> torch.Tensor:
+def translation_ranking_loss(
+    model: XLMRobertaForMaskedLM,
+    table: CaptionTable,
+    recipe: TextRecipe,
+    pad_id: int,
+    rng: random.Random,
+) -> torch.Tensor:
     """Symmetric in-batch InfoNCE between captions and their translations."""
     sources, targets = sample_translations(table, recipe.batch_size, rng)
     a = mean_pooled(model, *pad(sources, pad_id))
@@ -153,8 +173,14 @@ def translation_ranking_loss(model: XLMRobertaForMaskedLM, table: CaptionTable, 
     return (F.cross_entropy(logits, labels) + F.cross_entropy(logits.T, labels)) / 2
 
 
-def pretrain_text(records: list[Record], languages: list[str], tokenizer: Tokenizer,
-                  max_length: int, recipe: TextRecipe, seed: int) -> tuple[XLMRobertaForMaskedLM, float]:
+def pretrain_text(
+    records: list[Record],
+    languages: list[str],
+    tokenizer: Tokenizer,
+    max_length: int,
+    recipe: TextRecipe,
+    seed: int,
+) -> tuple[XLMRobertaForMaskedLM, float]:
     """Train the masked LM for ``recipe.steps`` steps; returns it (in eval mode) and the mean MLM
     loss of the last 100 steps. Pretraining runs at ``recipe.dropout`` (none by default: dropout
     was 30 % of a step's time on CPU, and 10k scenes of short captions do not overfit 1000
@@ -166,15 +192,20 @@ def pretrain_text(records: list[Record], languages: list[str], tokenizer: Tokeni
     optimizer = torch.optim.AdamW(model.parameters(), lr=recipe.lr, weight_decay=0.01)
     schedule = torch.optim.lr_scheduler.LambdaLR(
         optimizer,
-        lambda step: min((step + 1) / max(recipe.warmup_steps, 1),
-                         max(0.05, 1 - step / max(recipe.steps, 1))),
+        lambda step: min(
+            (step + 1) / max(recipe.warmup_steps, 1), max(0.05, 1 - step / max(recipe.steps, 1))
+        ),
     )
-    specials = torch.tensor([tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id])
+    specials = torch.tensor(
+        [tokenizer.cls_token_id, tokenizer.eos_token_id, tokenizer.pad_token_id]
+    )
     losses = []
     model.train()
     for _ in range(recipe.steps):
         tlm = len(languages) > 1 and rng.random() < recipe.tlm_share
-        ids, attention = pad(sample_batch(table, tlm, recipe.batch_size, rng), tokenizer.pad_token_id)
+        ids, attention = pad(
+            sample_batch(table, tlm, recipe.batch_size, rng), tokenizer.pad_token_id
+        )
         inputs, labels = mask_for_mlm(ids, torch.isin(ids, specials), recipe, tokenizer, generator)
         loss = masked_lm_loss(model, inputs, attention, labels)
         losses.append(loss.item())
@@ -186,6 +217,8 @@ def pretrain_text(records: list[Record], languages: list[str], tokenizer: Tokeni
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         schedule.step()
-    model.config.hidden_dropout_prob = model.config.attention_probs_dropout_prob = FINE_TUNING_DROPOUT
+    model.config.hidden_dropout_prob = model.config.attention_probs_dropout_prob = (
+        FINE_TUNING_DROPOUT
+    )
     tail = losses[-100:]
     return model.eval(), sum(tail) / max(len(tail), 1)

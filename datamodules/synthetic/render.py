@@ -85,4 +85,7 @@ def _polygon(shape: str, cx: float, cy: float, r: float) -> list[tuple[float, fl
         angles = [-math.pi / 2 + i * 2 * math.pi / sides for i in range(sides)]
     if shape == "diamond":
         radii = [r if i % 2 == 0 else 0.65 * r for i in range(4)]
-    return [(cx + rad * math.cos(a), cy + rad * math.sin(a)) for rad, a in zip(radii, angles, strict=True)]
+    return [
+        (cx + rad * math.cos(a), cy + rad * math.sin(a))
+        for rad, a in zip(radii, angles, strict=True)
+    ]

@@ -118,7 +118,10 @@ def build_world(root: str | Path, knobs: WorldKnobs) -> Path:
         write_records(staging / f"{split}.jsonl", records)
     (staging / "world.json").write_text(
         json.dumps(
-            {"knobs": asdict(knobs), "languages": grammars.available()}, indent=1, sort_keys=True, allow_nan=False
+            {"knobs": asdict(knobs), "languages": grammars.available()},
+            indent=1,
+            sort_keys=True,
+            allow_nan=False,
         )
     )
     try:
@@ -138,8 +141,11 @@ def build_pretrain(world: Path, knobs: WorldKnobs) -> Path:
     staging = target.with_name(f".{PRETRAIN}.{os.getpid()}")
     shutil.rmtree(staging, ignore_errors=True)
     (staging / "images").mkdir(parents=True)
-    taken = {scene_key(Scene.from_json(r.extras["scene"])) for split in SPLITS
-             for r in load_split(world, split)}
+    taken = {
+        scene_key(Scene.from_json(r.extras["scene"]))
+        for split in SPLITS
+        for r in load_split(world, split)
+    }
     pretrain = [
         _make_record(knobs, PRETRAIN, i, staging / "images", avoid=taken)
         for i in range(knobs.num_pretrain)
@@ -172,7 +178,9 @@ def _write_parallel_text(folder: Path, records: list[Record]) -> None:
     folder.mkdir()
     for code in grammars.available():
         lines = [text for record in records for text in record.captions[code]]
-        (folder / f"{code}.txt").write_text("".join(f"{line}\n" for line in lines), encoding="utf-8")
+        (folder / f"{code}.txt").write_text(
+            "".join(f"{line}\n" for line in lines), encoding="utf-8"
+        )
 
 
 def _make_record(

@@ -25,20 +25,28 @@ def build_report(folders: list[Path], out: Path | None = None, top: int = TOP) -
     if len(runs) == 2:
         reason = runs[0].evaluated.same_items(runs[1].evaluated)
         if reason:
-            raise ValueError(f"cannot compare {folders[0]} and {folders[1]} instance by instance: {reason}")
+            raise ValueError(
+                f"cannot compare {folders[0]} and {folders[1]} instance by instance: {reason}"
+            )
     chunk = int(runs[0].record["config"].get("evaluation", {}).get("chunk_size", 1024))
     ranks = [instance_ranks(run.evaluated, chunk) for run in runs]
     if out is None:
-        out = folders[0] / ("report" if len(folders) == 1 else f"report-vs-{folders[1].resolve().name}")
+        out = folders[0] / (
+            "report" if len(folders) == 1 else f"report-vs-{folders[1].resolve().name}"
+        )
     out.mkdir(parents=True, exist_ok=True)
-    rows = write_ranks_csv(out / "ranks.csv",
-                           [(run.name, run.evaluated, r) for run, r in zip(runs, ranks, strict=True)])
+    rows = write_ranks_csv(
+        out / "ranks.csv",
+        [(run.name, run.evaluated, r) for run, r in zip(runs, ranks, strict=True)],
+    )
     page = out / "report.html"
     write_atomic(page, render_page(runs, ranks, top))
     print(f"report: {page} ({rows} rank rows in {out / 'ranks.csv'})")
     for run in runs:
         for difference in run.differences():
-            print(f"warning: {run.folder}: recomputed score differs from metrics.json: {difference}")
+            print(
+                f"warning: {run.folder}: recomputed score differs from metrics.json: {difference}"
+            )
     return page
 
 

@@ -27,16 +27,21 @@ class EvaluatedSet:
     image_ids: list[str]
     image_paths: list[str]
     captions: list[str]
-    caption_image: Tensor            # [T] long, index into image_ids
-    caption_language: list[str]      # [T]
-    languages: list[str]             # evaluated languages, in configured order
+    caption_image: Tensor  # [T] long, index into image_ids
+    caption_language: list[str]  # [T]
+    languages: list[str]  # evaluated languages, in configured order
     mrv_languages: list[str] | None  # data.mrv_languages (None: every evaluated language)
     image_emb: Tensor | None = None  # [N, D] float32, L2-normalised
-    text_emb: Tensor | None = None   # [T, D]
+    text_emb: Tensor | None = None  # [T, D]
 
     @classmethod
-    def from_records(cls, records: list[Record], languages: list[str], image_root: Path,
-                     mrv_languages: list[str] | None) -> "EvaluatedSet":
+    def from_records(
+        cls,
+        records: list[Record],
+        languages: list[str],
+        image_root: Path,
+        mrv_languages: list[str] | None,
+    ) -> EvaluatedSet:
         """The split's captions in the evaluation view's order (no embeddings yet)."""
         present = [lang for lang in languages if any(lang in r.captions for r in records)]
         captions, caption_image, caption_language = [], [], []
@@ -63,14 +68,16 @@ class EvaluatedSet:
         staging.replace(path)
 
     @classmethod
-    def load(cls, path: Path) -> "EvaluatedSet":
+    def load(cls, path: Path) -> EvaluatedSet:
         """Read a saved set (weights-only: no pickled code runs); a foreign file is an error."""
         try:
             fields = torch.load(path, map_location="cpu", weights_only=True)
             evaluated = cls(**fields)
         except Exception as err:  # torch raises several types for foreign files
-            raise ValueError(f"{path}: not an evaluated set ({type(err).__name__}: "
-                             f"{' '.join(str(err).split())[:160]})") from None
+            raise ValueError(
+                f"{path}: not an evaluated set ({type(err).__name__}: "
+                f"{' '.join(str(err).split())[:160]})"
+            ) from None
         if evaluated.image_emb is None or evaluated.text_emb is None:
             raise ValueError(f"{path}: holds no embeddings")
         return evaluated
@@ -81,7 +88,7 @@ class EvaluatedSet:
             raise ValueError("this evaluated set holds no embeddings (it was not encoded)")
         return self.image_emb, self.text_emb
 
-    def same_items(self, other: "EvaluatedSet") -> str | None:
+    def same_items(self, other: EvaluatedSet) -> str | None:
         """Why two sets cannot be compared instance by instance (None when they can)."""
         if self.image_ids != other.image_ids:
             return "their images differ"

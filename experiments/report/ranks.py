@@ -31,8 +31,8 @@ class InstanceRanks:
 
     languages: list[str]
     mrv_languages: list[str]
-    i2t: Tensor            # float64: expected 1-based rank of the image's best caption
-    t2i: Tensor            # float64: expected 1-based rank of the image for its first caption
+    i2t: Tensor  # float64: expected 1-based rank of the image's best caption
+    t2i: Tensor  # float64: expected 1-based rank of the image for its first caption
     first_caption: Tensor  # long: that first caption's index in the set, -1 where none
 
     def spread(self, direction: str) -> Tensor:
@@ -55,10 +55,11 @@ def instance_ranks(evaluated: EvaluatedSet, chunk_size: int = 1024) -> InstanceR
     language_of = evaluated.caption_language
     image_emb, text_emb = evaluated.embeddings()
     for column, lang in enumerate(evaluated.languages):
-        captions = torch.tensor([i for i, c in enumerate(language_of) if c == lang], dtype=torch.long)
+        captions = torch.tensor(
+            [i for i, c in enumerate(language_of) if c == lang], dtype=torch.long
+        )
         owners = evaluated.caption_image[captions]
-        paired = paired_ranks(image_emb, text_emb[captions], owners,
-                              chunk_size=chunk_size)
+        paired = paired_ranks(image_emb, text_emb[captions], owners, chunk_size=chunk_size)
         queries = paired.i2t_rank[:, HIGHER] >= 0
         i2t[queries, column] = expected_rank(paired.i2t_rank[queries]) + 1
         caption_rank = expected_rank(paired.t2i_rank) + 1
@@ -69,8 +70,10 @@ def instance_ranks(evaluated: EvaluatedSet, chunk_size: int = 1024) -> InstanceR
     mrv = evaluated.mrv_languages or evaluated.languages
     missing = [lang for lang in mrv if lang not in evaluated.languages]
     if missing:
-        raise ValueError(f"MRV languages {missing} have no caption in the evaluated set "
-                         f"(languages: {evaluated.languages})")
+        raise ValueError(
+            f"MRV languages {missing} have no caption in the evaluated set "
+            f"(languages: {evaluated.languages})"
+        )
     return InstanceRanks(list(evaluated.languages), list(mrv), i2t, t2i, first_caption)
 
 
@@ -78,8 +81,10 @@ def most_inconsistent(ranks: InstanceRanks, count: int) -> list[int]:
     """The ``count`` images with the largest combined spread, largest first (ties: lower index
     first); images missing an MRV language are left out."""
     spread = ranks.combined_spread()
-    order = sorted((i for i in range(len(spread)) if not math.isnan(spread[i])),
-                   key=lambda i: (-float(spread[i]), i))
+    order = sorted(
+        (i for i in range(len(spread)) if not math.isnan(spread[i])),
+        key=lambda i: (-float(spread[i]), i),
+    )
     return order[:count]
 
 
@@ -87,14 +92,19 @@ def rank_gap(a: InstanceRanks, b: InstanceRanks) -> Tensor:
     """Per image, the largest |rank in a - rank in b| over languages and directions [N] (NaN
     cells ignored; an image with no rank at all gets NaN)."""
     gaps = torch.cat([(a.i2t - b.i2t).abs(), (a.t2i - b.t2i).abs()], 1)
-    return torch.where(gaps.isnan(), -math.inf, gaps).amax(1).masked_fill(gaps.isnan().all(1), math.nan)
+    return (
+        torch.where(gaps.isnan(), -math.inf, gaps)
+        .amax(1)
+        .masked_fill(gaps.isnan().all(1), math.nan)
+    )
 
 
 def most_different(a: InstanceRanks, b: InstanceRanks, count: int) -> list[int]:
     """The ``count`` images whose ranks differ most between two runs, largest gap first."""
     gap = rank_gap(a, b)
-    order = sorted((i for i in range(len(gap)) if not math.isnan(gap[i])),
-                   key=lambda i: (-float(gap[i]), i))
+    order = sorted(
+        (i for i in range(len(gap)) if not math.isnan(gap[i])), key=lambda i: (-float(gap[i]), i)
+    )
     return order[:count]
 
 
@@ -105,15 +115,29 @@ def write_ranks_csv(path: Path, runs: list[tuple[str, EvaluatedSet, InstanceRank
     rows = 0
     with path.open("w", newline="", encoding="utf-8") as f:
         writer = csv.writer(f)
-        writer.writerow(["run", "image_index", "image_id", "direction",
-                         *[f"rank_{lang}" for lang in languages], "spread"])
+        writer.writerow(
+            [
+                "run",
+                "image_index",
+                "image_id",
+                "direction",
+                *[f"rank_{lang}" for lang in languages],
+                "spread",
+            ]
+        )
         for name, evaluated, ranks in runs:
             for direction in DIRECTIONS:
                 table, spread = getattr(ranks, direction), ranks.spread(direction)
                 for image, image_id in enumerate(evaluated.image_ids):
-                    cells = [_number(table[image, ranks.languages.index(lang)])
-                             if lang in ranks.languages else "" for lang in languages]
-                    writer.writerow([name, image, image_id, direction, *cells, _number(spread[image])])
+                    cells = [
+                        _number(table[image, ranks.languages.index(lang)])
+                        if lang in ranks.languages
+                        else ""
+                        for lang in languages
+                    ]
+                    writer.writerow(
+                        [name, image, image_id, direction, *cells, _number(spread[image])]
+                    )
                     rows += 1
     return rows
 

@@ -42,8 +42,11 @@ class Run:
     def differences(self) -> list[str]:
         """``key: recorded -> recomputed`` for every score that differs beyond rounding."""
         recorded = self.record["metrics"]
-        return [f"{key}: {recorded[key]:.6g} -> {value:.6g}" for key, value in self.recomputed.items()
-                if key in recorded and abs(recorded[key] - value) > TOLERANCE]
+        return [
+            f"{key}: {recorded[key]:.6g} -> {value:.6g}"
+            for key, value in self.recomputed.items()
+            if key in recorded and abs(recorded[key] - value) > TOLERANCE
+        ]
 
 
 def read_record(folder: Path) -> dict:
@@ -64,13 +67,20 @@ def load_run(folder: Path) -> Run:
     """Read ``folder`` and score its embeddings with the run's evaluation settings."""
     record = read_record(folder)
     embeddings = folder / EMBEDDINGS
-    evaluated = EvaluatedSet.load(embeddings) if embeddings.is_file() else encode_trained(folder, record)
+    evaluated = (
+        EvaluatedSet.load(embeddings) if embeddings.is_file() else encode_trained(folder, record)
+    )
     evaluation = record["config"].get("evaluation", {})
     image_emb, text_emb = evaluated.embeddings()
     recomputed = retrieval_report(
-        image_emb, text_emb, evaluated.caption_image, evaluated.caption_language,
-        evaluated.image_ids, ks=tuple(evaluation.get("ks", (1, 5, 10))),
-        ndcg_k=evaluation.get("ndcg_k", 10), chunk_size=evaluation.get("chunk_size", 1024),
+        image_emb,
+        text_emb,
+        evaluated.caption_image,
+        evaluated.caption_language,
+        evaluated.image_ids,
+        ks=tuple(evaluation.get("ks", (1, 5, 10))),
+        ndcg_k=evaluation.get("ndcg_k", 10),
+        chunk_size=evaluation.get("chunk_size", 1024),
         mrv_languages=evaluated.mrv_languages,
     )
     recomputed = {k: float(v) for k, v in recomputed.items() if not k.startswith(NOT_RECOMPUTED)}
@@ -85,8 +95,10 @@ def encode_trained(folder: Path, record: dict) -> EvaluatedSet:
 
     checkpoint = record.get("checkpoint")
     if not checkpoint:
-        raise ValueError(f"{folder / 'metrics.json'}: records no checkpoint and the folder has no "
-                         f"{EMBEDDINGS}; nothing to rank")
+        raise ValueError(
+            f"{folder / 'metrics.json'}: records no checkpoint and the folder has no "
+            f"{EMBEDDINGS}; nothing to rank"
+        )
     config_path = folder / "config.yaml"
     if not config_path.is_file():
         raise FileNotFoundError(f"{folder} has no config.yaml")
@@ -99,11 +111,18 @@ def encode_trained(folder: Path, record: dict) -> EvaluatedSet:
     module.eval()
     batch_size = int(cfg.data.eval_batch_size)
     images = [module.encode_images(b["images"]).float() for b in view.image_loader(batch_size)]
-    texts = [module.encode_texts(b["input_ids"], b["attention_mask"]).float()
-             for b in view.caption_loader(batch_size)]
+    texts = [
+        module.encode_texts(b["input_ids"], b["attention_mask"]).float()
+        for b in view.caption_loader(batch_size)
+    ]
     return EvaluatedSet(
-        image_ids=list(view.image_ids), image_paths=[str(p) for p in view.image_paths],
-        captions=list(view.captions), caption_image=view.caption_image,
-        caption_language=list(view.caption_language), languages=list(view.languages),
-        mrv_languages=view.mrv_languages, image_emb=torch.cat(images), text_emb=torch.cat(texts),
+        image_ids=list(view.image_ids),
+        image_paths=[str(p) for p in view.image_paths],
+        captions=list(view.captions),
+        caption_image=view.caption_image,
+        caption_language=list(view.caption_language),
+        languages=list(view.languages),
+        mrv_languages=view.mrv_languages,
+        image_emb=torch.cat(images),
+        text_emb=torch.cat(texts),
     )

@@ -30,12 +30,20 @@ def flip_and_translate(
     flip = torch.rand(batch, generator=generator, device=device) < flip_probability
     out = torch.where(flip[:, None, None, None], images.flip(-1), images)
     limits = (round(max_shift * height), round(max_shift * width))
-    shifts = [torch.randint(-m, m + 1, (batch,), generator=generator, device=device) for m in limits]
-    rows = torch.arange(height, device=device)[None, :] - shifts[0][:, None]  # source row per target row
+    shifts = [
+        torch.randint(-m, m + 1, (batch,), generator=generator, device=device) for m in limits
+    ]
+    rows = (
+        torch.arange(height, device=device)[None, :] - shifts[0][:, None]
+    )  # source row per target row
     cols = torch.arange(width, device=device)[None, :] - shifts[1][:, None]
-    inside = ((rows >= 0) & (rows < height))[:, :, None] & ((cols >= 0) & (cols < width))[:, None, :]
+    inside = ((rows >= 0) & (rows < height))[:, :, None] & ((cols >= 0) & (cols < width))[
+        :, None, :
+    ]
     index = torch.arange(batch, device=device)[:, None, None]
-    moved = out[index, :, rows.clamp(0, height - 1)[:, :, None], cols.clamp(0, width - 1)[:, None, :]]
+    moved = out[
+        index, :, rows.clamp(0, height - 1)[:, :, None], cols.clamp(0, width - 1)[:, None, :]
+    ]
     return moved.permute(0, 3, 1, 2) * inside[:, None]
 
 
@@ -50,7 +58,9 @@ def drop_tokens(
     """Remove each ordinary (attended, non-special) token with ``probability``, close the gaps and
     re-pad on the right; special tokens always stay. Returns (input_ids, attention_mask)."""
     ordinary = maskable_positions(input_ids, attention_mask, special_ids)
-    dropped = ordinary & (torch.rand(input_ids.shape, generator=generator, device=input_ids.device) < probability)
+    dropped = ordinary & (
+        torch.rand(input_ids.shape, generator=generator, device=input_ids.device) < probability
+    )
     keep = attention_mask.bool() & ~dropped
     order = torch.argsort((~keep).to(torch.int8), dim=1, stable=True)  # kept tokens first, in order
     kept_ids = input_ids.gather(1, order)

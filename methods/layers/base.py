@@ -10,11 +10,12 @@ and ``pipeline`` (several training stages).
 from __future__ import annotations
 
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, is_dataclass
 from functools import partial
 from pathlib import Path
 from types import SimpleNamespace
-from typing import TYPE_CHECKING, Any, Callable, ClassVar, Mapping, cast
+from typing import TYPE_CHECKING, Any, ClassVar, cast
 
 import lightning as L
 import torch
@@ -32,8 +33,13 @@ from methods.layers.optim import SCHEDULES, param_groups, warmup_step_count
 if TYPE_CHECKING:
     from datamodules.datamodule import CCRDataModule
 
-EVAL_SIDES = ("images", "captions")  # evaluation dataloaders, in order: [image_loader, caption_loader]
-CROSS_ENCODER = "cross_encoder"  # evaluation.scorer: every pair scored by the method's cross-encoder
+EVAL_SIDES = (
+    "images",
+    "captions",
+)  # evaluation dataloaders, in order: [image_loader, caption_loader]
+CROSS_ENCODER = (
+    "cross_encoder"  # evaluation.scorer: every pair scored by the method's cross-encoder
+)
 
 
 @dataclass
@@ -44,7 +50,7 @@ class Stage:
 
     name: str
     build: Callable[[Path | None], L.LightningModule]
-    dataloader: Callable[["CCRDataModule"], DataLoader]
+    dataloader: Callable[[CCRDataModule], DataLoader]
     max_steps: int | None = None
     budget_key: str | None = None
 
@@ -92,22 +98,30 @@ class RetrievalModule(L.LightningModule):
         self.data_info = SimpleNamespace(**data) if isinstance(data, Mapping) else data
         trimmed = getattr(self.data_info, "pad_to_multiple", None)
         if trimmed and not self.caption_length_invariant:
-            raise ValueError(f"data.pad_to_multiple={trimmed}: {type(self).__name__} is not checked to "
-                             "train the same on captions padded to the batch's longest (draws over "
-                             "token positions, fixed-length inputs); leave data.pad_to_multiple null")
+            raise ValueError(
+                f"data.pad_to_multiple={trimmed}: {type(self).__name__} is not checked to "
+                "train the same on captions padded to the batch's longest (draws over "
+                "token positions, fixed-length inputs); leave data.pad_to_multiple null"
+            )
         self.last_report: dict[str, float] | None = None
         self.evaluation: metrics.RetrievalEvaluation | None = None  # one per evaluation epoch
         self._last_batch_end: float | None = None
         self.eval_batch: dict | None = None  # the evaluation batch being encoded (None outside)
         if self.grad_cache_chunks > 1 and not self.supports_grad_cache:
-            raise ValueError(f"optim.grad_cache_chunks={self.grad_cache_chunks}: {type(self).__name__} does "
-                             "not encode its training batch in micro-batches; set it to 1")
+            raise ValueError(
+                f"optim.grad_cache_chunks={self.grad_cache_chunks}: {type(self).__name__} does "
+                "not encode its training batch in micro-batches; set it to 1"
+            )
         if self.scores_every_pair and type(self).cross_encoder is RetrievalModule.cross_encoder:
-            raise ValueError(f"evaluation.scorer={CROSS_ENCODER}: {type(self).__name__} has no "
-                             "cross-encoder to score pairs with; use evaluation.scorer=embeddings")
+            raise ValueError(
+                f"evaluation.scorer={CROSS_ENCODER}: {type(self).__name__} has no "
+                "cross-encoder to score pairs with; use evaluation.scorer=embeddings"
+            )
         if self.scores_every_pair and self.eval_cfg.rerank_k > 0:
-            raise ValueError(f"evaluation.scorer={CROSS_ENCODER} scores every pair, leaving nothing to "
-                             f"re-rank: set evaluation.rerank_k=0 (or evaluation.scorer=embeddings)")
+            raise ValueError(
+                f"evaluation.scorer={CROSS_ENCODER} scores every pair, leaving nothing to "
+                f"re-rank: set evaluation.rerank_k=0 (or evaluation.scorer=embeddings)"
+            )
 
     @property
     def grad_cache_chunks(self) -> int:
@@ -157,14 +171,18 @@ class RetrievalModule(L.LightningModule):
         """``[num_images, num_captions]``: ``cross_encoder``'s score of every pair."""
         scorer = self.cross_encoder(image_cache, text_cache)
         if scorer is None:
-            raise ValueError(f"evaluation.scorer={CROSS_ENCODER}: this {type(self).__name__} has no "
-                             "cross-encoder (see its settings); use evaluation.scorer=embeddings")
+            raise ValueError(
+                f"evaluation.scorer={CROSS_ENCODER}: this {type(self).__name__} has no "
+                "cross-encoder (see its settings); use evaluation.scorer=embeddings"
+            )
         return score_matrix(scorer, num_images, num_captions, **self._pair_chunks())
 
     def _pair_chunks(self) -> dict[str, int]:
         cfg = self.eval_cfg
-        return {"caption_chunk": int(cfg.get("caption_chunk", 256)),
-                "pair_batch": int(cfg.get("pair_batch_size", 512))}
+        return {
+            "caption_chunk": int(cfg.get("caption_chunk", 256)),
+            "pair_batch": int(cfg.get("pair_batch_size", 512)),
+        }
 
     def lr_scales(self) -> dict[str, float]:
         """Learning-rate multipliers by parameter-name prefix (e.g. new heads at 2x)."""
@@ -241,7 +259,9 @@ class RetrievalModule(L.LightningModule):
         ``self.eval_batch`` holds the whole filled batch while it is encoded, for methods whose
         encoding depends on the item (its ``index``, e.g. for its language) or reads more than
         images or captions (e.g. an image's shipped ``roi_features``)."""
-        rerank = self.eval_cfg.rerank_k > 0 or self.scores_every_pair  # keep the cross-encoder's caches
+        rerank = (
+            self.eval_cfg.rerank_k > 0 or self.scores_every_pair
+        )  # keep the cross-encoder's caches
         side = EVAL_SIDES[dataloader_idx]
         count = len(batch["index"])
         batch = fill_rows(batch, self._eval_batch_size(dataloader_idx))
@@ -253,17 +273,23 @@ class RetrievalModule(L.LightningModule):
             emb = self.encode_texts(batch["input_ids"], batch["attention_mask"])
             cache = self.text_cache(batch["input_ids"], batch["attention_mask"]) if rerank else None
         self.eval_batch = None
-        self._current_evaluation().update(side, batch["index"][:count], emb[:count].float(), first_rows(cache, count))
+        self._current_evaluation().update(
+            side, batch["index"][:count], emb[:count].float(), first_rows(cache, count)
+        )
 
     def _current_evaluation(self) -> metrics.RetrievalEvaluation:
         """The evaluation the epoch's start hook created; an error outside an evaluation epoch."""
         if self.evaluation is None:
-            raise RuntimeError("no evaluation in progress: on_validation_epoch_start or "
-                               "on_test_epoch_start did not run")
+            raise RuntimeError(
+                "no evaluation in progress: on_validation_epoch_start or "
+                "on_test_epoch_start did not run"
+            )
         return self.evaluation
 
     def _eval_batch_size(self, dataloader_idx: int) -> int | None:
-        loaders = self.trainer.test_dataloaders if self.trainer.testing else self.trainer.val_dataloaders
+        loaders = (
+            self.trainer.test_dataloaders if self.trainer.testing else self.trainer.val_dataloaders
+        )
         loaders = loaders if isinstance(loaders, (list, tuple)) else [loaders]
         return getattr(loaders[dataloader_idx], "batch_size", None)
 
@@ -292,8 +318,13 @@ class RetrievalModule(L.LightningModule):
                 image_relevance=view.relevance if self.own_embeddings or not every_pair else None,
                 mrv_languages=view.mrv_languages,
                 build_reranker=None if every_pair else self.reranker,
-                build_pair_scores=(lambda images, captions: self.pair_scores(
-                    images, captions, len(view.image_ids), len(view.caption_image))) if every_pair else None,
+                build_pair_scores=(
+                    lambda images, captions: self.pair_scores(
+                        images, captions, len(view.image_ids), len(view.caption_image)
+                    )
+                )
+                if every_pair
+                else None,
             )
         except RuntimeError as error:
             raise RuntimeError(f"{split} {error}") from error

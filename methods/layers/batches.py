@@ -46,7 +46,10 @@ def fill_rows(batch: dict[str, Any], rows: int | None) -> dict[str, Any]:
     batch already that long, comes back as it is."""
     if rows is None or len(batch["index"]) >= rows:
         return batch
-    return {key: fill_to(rows, value) if torch.is_tensor(value) else value for key, value in batch.items()}
+    return {
+        key: fill_to(rows, value) if torch.is_tensor(value) else value
+        for key, value in batch.items()
+    }
 
 
 def first_rows(value: Tensor | Mapping[str, Tensor] | None, count: int):

@@ -75,6 +75,10 @@ def info_nce(image_emb: Tensor, text_emb: Tensor, temperature: Tensor | float) -
     all_images = gather_with_grad(image_emb, layout)
     all_texts = gather_with_grad(text_emb, layout)
     labels = torch.arange(len(image_emb), device=image_emb.device) + layout.offset
-    i2t = F.cross_entropy(similarity_logits(image_emb, all_texts, temperature), labels, reduction="none")
-    t2i = F.cross_entropy(similarity_logits(text_emb, all_images, temperature), labels, reduction="none")
+    i2t = F.cross_entropy(
+        similarity_logits(image_emb, all_texts, temperature), labels, reduction="none"
+    )
+    t2i = F.cross_entropy(
+        similarity_logits(text_emb, all_images, temperature), labels, reduction="none"
+    )
     return layout.global_mean(i2t + t2i) / 2

@@ -35,15 +35,18 @@ class PairScorer(Protocol):
         """Scores ``[n]`` of (image ``images[i]``, caption ``rows[i]`` of ``block``)."""
 
 
-def score_pairs(scorer: PairScorer, images: Tensor, captions: Tensor, *, caption_chunk: int,
-                pair_batch: int) -> Tensor:
+def score_pairs(
+    scorer: PairScorer, images: Tensor, captions: Tensor, *, caption_chunk: int, pair_batch: int
+) -> Tensor:
     """Float32 scores ``[n]`` of the pairs (``images[i]``, ``captions[i]``) (global indices of the
     evaluated set), on the indices' device. Pairs are grouped by caption: each block of up to
     ``caption_chunk`` distinct captions is prepared once and its pairs scored ``pair_batch`` at a
     time, caption by caption (similar captions share a call, so little padding is carried)."""
     if caption_chunk < 1 or pair_batch < 1:
-        raise ValueError(f"cross-encoder scoring: caption_chunk ({caption_chunk}) and pair_batch "
-                         f"({pair_batch}) must be >= 1")
+        raise ValueError(
+            f"cross-encoder scoring: caption_chunk ({caption_chunk}) and pair_batch "
+            f"({pair_batch}) must be >= 1"
+        )
     home = captions.device
     images, captions = images.to(scorer.device), captions.to(scorer.device)
     order = torch.argsort(captions, stable=True)
@@ -53,17 +56,21 @@ def score_pairs(scorer: PairScorer, images: Tensor, captions: Tensor, *, caption
     for first in range(0, len(distinct), caption_chunk):
         last = min(first + caption_chunk, len(distinct))
         block = scorer.captions(distinct[first:last])
-        rows = torch.repeat_interleave(torch.arange(last - first, device=scorer.device),
-                                       counts[first:last])
-        pairs = order[(ends[first - 1] if first else 0):ends[last - 1]]
+        rows = torch.repeat_interleave(
+            torch.arange(last - first, device=scorer.device), counts[first:last]
+        )
+        pairs = order[(ends[first - 1] if first else 0) : ends[last - 1]]
         for start in range(0, len(pairs), pair_batch):
-            part = pairs[start:start + pair_batch]
-            scores[part] = scorer.score(images[part], block, rows[start:start + pair_batch]).float()
+            part = pairs[start : start + pair_batch]
+            scores[part] = scorer.score(
+                images[part], block, rows[start : start + pair_batch]
+            ).float()
     return scores.to(home)
 
 
-def score_matrix(scorer: PairScorer, num_images: int, num_captions: int, *, caption_chunk: int,
-                 pair_batch: int) -> Tensor:
+def score_matrix(
+    scorer: PairScorer, num_images: int, num_captions: int, *, caption_chunk: int, pair_batch: int
+) -> Tensor:
     """Float32 ``[num_images, num_captions]``: the cross-encoder's score of every pair, built one
     block of ``caption_chunk`` captions (against every image) at a time."""
     matrix = torch.empty(num_images, num_captions, dtype=torch.float32, device=scorer.device)
@@ -71,7 +78,9 @@ def score_matrix(scorer: PairScorer, num_images: int, num_captions: int, *, capt
         stop = min(start + caption_chunk, num_captions)
         captions = torch.arange(start, stop, device=scorer.device).repeat_interleave(num_images)
         images = torch.arange(num_images, device=scorer.device).repeat(stop - start)
-        block = score_pairs(scorer, images, captions, caption_chunk=caption_chunk, pair_batch=pair_batch)
+        block = score_pairs(
+            scorer, images, captions, caption_chunk=caption_chunk, pair_batch=pair_batch
+        )
         matrix[:, start:stop] = block.view(stop - start, num_images).T
     return matrix
 
@@ -90,7 +99,14 @@ class TopKRescorer:
         if direction not in ("i2t", "t2i"):
             raise ValueError(f"reranker direction must be 'i2t' or 't2i', got {direction!r}")
         queries = query_index[:, None].expand_as(candidate_index)
-        images, captions = (queries, candidate_index) if direction == "i2t" else (candidate_index, queries)
-        scores = score_pairs(self.scorer, images.reshape(-1), captions.reshape(-1),
-                             caption_chunk=self.caption_chunk, pair_batch=self.pair_batch)
+        images, captions = (
+            (queries, candidate_index) if direction == "i2t" else (candidate_index, queries)
+        )
+        scores = score_pairs(
+            self.scorer,
+            images.reshape(-1),
+            captions.reshape(-1),
+            caption_chunk=self.caption_chunk,
+            pair_batch=self.pair_batch,
+        )
         return scores.view(candidate_index.shape)

@@ -45,8 +45,9 @@ def gather_padded(x: Tensor, tokens: bool = False) -> Tensor:
     return gathered.bool() if is_bool else gathered
 
 
-def word_align_loss(similarity: Tensor, labels: Tensor, rows: Tensor, target_mask: Tensor,
-                    temperature: float) -> Tensor:
+def word_align_loss(
+    similarity: Tensor, labels: Tensor, rows: Tensor, target_mask: Tensor, temperature: float
+) -> Tensor:
     """Cross-entropy of the labels against softmax over target words of ``similarity / τ_w``,
     averaged over the labelled source words ``rows`` of the GLOBAL batch.
 
@@ -68,13 +69,14 @@ def word_align_loss(similarity: Tensor, labels: Tensor, rows: Tensor, target_mas
     return per_word.sum() / count.clamp_min(1)
 
 
-def maxsim_word_similarity(source_tokens: Tensor, target_tokens: Tensor, source_mask: Tensor,
-                           target_mask: Tensor) -> Tensor:
+def maxsim_word_similarity(
+    source_tokens: Tensor, target_tokens: Tensor, source_mask: Tensor, target_mask: Tensor
+) -> Tensor:
     """S_word [Bs, Bt]: for source caption i and target caption j, the mean over i's words of
     each word's best cosine among j's words (directional). One matmul over all token pairs."""
     bs, ls, h = source_tokens.shape
     bt, lt, _ = target_tokens.shape
-    sim = (source_tokens.reshape(bs * ls, h) @ target_tokens.reshape(bt * lt, h).t())
+    sim = source_tokens.reshape(bs * ls, h) @ target_tokens.reshape(bt * lt, h).t()
     sim = sim.view(bs, ls, bt, lt).masked_fill(~target_mask.bool()[None, None, :, :], float("-inf"))
     best = sim.max(3).values.masked_fill(~source_mask.bool()[:, :, None], 0.0)  # [Bs, Ls, Bt]
     best = best.nan_to_num(0.0, neginf=0.0)  # a target without words
@@ -93,8 +95,9 @@ def teacher_similarity(sentence: Tensor, word: Tensor | None, levels: str, mix: 
     return sentence if mix == 1.0 else mix * sentence + (1.0 - mix) * word
 
 
-def relational_kd_loss(student: Tensor, teacher: Tensor, temperature: float,
-                       direction: str = "student_teacher") -> Tensor:
+def relational_kd_loss(
+    student: Tensor, teacher: Tensor, temperature: float, direction: str = "student_teacher"
+) -> Tensor:
     """Mean over rows of KL between the row softmaxes of ``student`` (S_cm) and ``teacher`` (S_cl),
     both divided by τ. ``student_teacher``: KL(p_cm ‖ p_cl), Eq. 15 as written;
     ``teacher_student``: KL(p_cl ‖ p_cm) (Hinton-style). The teacher side is detached."""

@@ -42,10 +42,17 @@ class TriKDLoss:
     ttc: Tensor | None  # None when the captions are not English (no teacher text) or TTC is ablated
 
 
-def trikd_loss(h_image: Tensor, h_student: Tensor, logit_scale: Tensor,
-               h_teacher_text: Tensor | None = None, *, ttc_weight: float = 0.1,
-               ttc_temperature: float = 0.07, max_scale: float = 100.0,
-               itc: bool = True) -> TriKDLoss:
+def trikd_loss(
+    h_image: Tensor,
+    h_student: Tensor,
+    logit_scale: Tensor,
+    h_teacher_text: Tensor | None = None,
+    *,
+    ttc_weight: float = 0.1,
+    ttc_temperature: float = 0.07,
+    max_scale: float = 100.0,
+    itc: bool = True,
+) -> TriKDLoss:
     """`L_ITC + ttc_weight·L_TTC` for English captions; `L_ITC` alone when `h_teacher_text` is None
     (non-English captions, which the English teacher text tower cannot read, or TTC ablated);
     `ttc_weight·L_TTC` alone when `itc` is False (the "- L_ITC" ablation)."""
@@ -65,8 +72,9 @@ def trikd_loss(h_image: Tensor, h_student: Tensor, logit_scale: Tensor,
     return TriKDLoss(total=total, itc=itc_loss, ttc=ttc_loss)
 
 
-def multi_positive_info_nce(h_text: Tensor, h_image: Tensor, image_keys: Tensor,
-                            scale: Tensor | float) -> Tensor:
+def multi_positive_info_nce(
+    h_text: Tensor, h_image: Tensor, image_keys: Tensor, scale: Tensor | float
+) -> Tensor:
     """mCLIP's fine-tuning loss (spec §5): symmetric InfoNCE over (caption, image) rows where row j
     is a positive of row i whenever both show the same image (``image_keys`` equal), so the
     captions of one image never push each other away. Per query row the loss is the sum of
@@ -82,7 +90,10 @@ def multi_positive_info_nce(h_text: Tensor, h_image: Tensor, image_keys: Tensor,
         log_probs = F.log_softmax(similarity_logits(queries, keys) * scale, dim=1)
         return -(positives * log_probs).sum(1)
 
-    text_to_image, image_to_text = positives_nll(h_text, all_image), positives_nll(h_image, all_text)
+    text_to_image, image_to_text = (
+        positives_nll(h_text, all_image),
+        positives_nll(h_image, all_text),
+    )
     return layout.global_mean(text_to_image + image_to_text) / 2
 
 

@@ -106,5 +106,7 @@ def gather_with_grad(x: Tensor, layout: RowLayout | None = None) -> Tensor:
     if layout is None:
         layout = row_layout(x.shape[0], x.device)
     if layout.local != x.shape[0]:
-        raise ValueError(f"gather_with_grad: layout says {layout.local} local rows, x has {x.shape[0]}")
+        raise ValueError(
+            f"gather_with_grad: layout says {layout.local} local rows, x has {x.shape[0]}"
+        )
     return _GatherWithGrad.apply(x, layout)

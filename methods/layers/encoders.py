@@ -24,9 +24,10 @@ Both expose ``out_dim`` (= D).
 from __future__ import annotations
 
 import copy
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -61,12 +62,18 @@ def load_state_dict_file(path: str | Path) -> dict[str, Tensor]:
         try:
             return load_file(str(path))
         except SafetensorError as err:
-            raise ValueError(f"{path}: not a readable safetensors file ({err}); is it truncated?") from None
+            raise ValueError(
+                f"{path}: not a readable safetensors file ({err}); is it truncated?"
+            ) from None
     try:
         state = torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
+    except (
+        Exception
+    ) as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
         reason = " ".join(str(err).split())[:160]
-        raise ValueError(f"{path}: not a readable torch checkpoint ({type(err).__name__}: {reason})") from None
+        raise ValueError(
+            f"{path}: not a readable torch checkpoint ({type(err).__name__}: {reason})"
+        ) from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
@@ -80,8 +87,9 @@ def check_state_dict(state: Any, path: str | Path) -> None:
         raise ValueError(f"{path}: not a state dict (it holds a {type(state).__name__})")
     for key, value in state.items():
         if not isinstance(key, str) or not isinstance(value, Tensor):
-            raise ValueError(f"{path}: not a state dict (entry {key!r} is "
-                             f"{type(value).__name__}, not a tensor)")
+            raise ValueError(
+                f"{path}: not a state dict (entry {key!r} is {type(value).__name__}, not a tensor)"
+            )
 
 
 def load_weights(module: nn.Module, path: str | Path, ignore_prefixes: Sequence[str] = ()) -> None:
@@ -133,7 +141,9 @@ def resolve_world(cfg: Mapping[str, Any], data: Any, modality: str) -> dict[str,
         return cfg
     provided = getattr(data, "backbones", None) or {}
     if modality not in provided:
-        example = "hf:xlm-roberta-base" if modality == "text" else "timm:swin_base_patch4_window7_224"
+        example = (
+            "hf:xlm-roberta-base" if modality == "text" else "timm:swin_base_patch4_window7_224"
+        )
         raise ValueError(
             f"{modality} encoder 'world' is the synthetic world's pretrained {modality} encoder, "
             f"which this data does not provide (only data=synthetic with data.backbones set); "
@@ -330,7 +340,7 @@ class ImageEncoder(nn.Module):
         self.out_dim = self.backbone.width
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], data: Any) -> "ImageEncoder":
+    def from_config(cls, cfg: Mapping[str, Any], data: Any) -> ImageEncoder:
         """Build from a method config section; the tiny backend takes ``image_size`` from
         ``DataInfo`` unless it is set explicitly; ``name: world`` takes the data's pretrained
         image backbone (:func:`resolve_world`)."""
@@ -514,8 +524,10 @@ class PretrainedTextTokens(nn.Module):
         return pooled.unsqueeze(1), pooled
 
     def input_embeddings(self) -> nn.Embedding:
-        raise ValueError("a pretrained dual encoder's text tower exposes no token embedding table "
-                         "to tie a head to")
+        raise ValueError(
+            "a pretrained dual encoder's text tower exposes no token embedding table "
+            "to tie a head to"
+        )
 
 
 TINY_TEXT_LAYERS = 2
@@ -524,8 +536,10 @@ PRETRAINED = "pretrained"
 
 def _needs_spec(spec: Mapping[str, Any] | None, modality: str) -> Mapping[str, Any]:
     if not spec:
-        raise ValueError(f"{modality} encoder 'pretrained' needs spec: {{library, model, ...}} "
-                         "(method.encoders=zoo:<name> fills it)")
+        raise ValueError(
+            f"{modality} encoder 'pretrained' needs spec: {{library, model, ...}} "
+            "(method.encoders=zoo:<name> fills it)"
+        )
     return spec
 
 
@@ -587,7 +601,7 @@ class TextEncoder(nn.Module):
         self.out_dim = self.backbone.width
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], data: Any) -> "TextEncoder":
+    def from_config(cls, cfg: Mapping[str, Any], data: Any) -> TextEncoder:
         """Build from a method config section, taking vocabulary size, pad id and max length from
         ``DataInfo`` for the tiny backend (the keys can still be set explicitly); ``name: world``
         takes the data's pretrained text backbone (:func:`resolve_world`)."""

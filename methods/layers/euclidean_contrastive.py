@@ -62,7 +62,9 @@ def interpolated_contrastive(
     """(L̃ per anchor ``[N]`` with interpolated negatives ``λ·d⁻``, L_raw per anchor ``[N]``
     detached, the Eq. 4 loss that feeds the tracker). ``neg_mask [N,M]``: True on real negatives."""
     lam = interpolation_weights(d_pos, d_neg, alpha)
-    return _positive_nll(d_pos, lam * d_neg, neg_mask), _positive_nll(d_pos, d_neg, neg_mask).detach()
+    return _positive_nll(d_pos, lam * d_neg, neg_mask), _positive_nll(
+        d_pos, d_neg, neg_mask
+    ).detach()
 
 
 class PosProbTracker(nn.Module):
@@ -141,7 +143,9 @@ def xtcl_loss(tr_src: Tensor, tr_tgt: Tensor, alpha: float) -> ContrastiveTerm:
     return ContrastiveTerm(layout.global_mean(loss_vec), raw)
 
 
-def rxvtcl_negatives(anchor: Tensor, positive: Tensor, c1: Tensor, c2: Tensor, perm: Tensor) -> Tensor:
+def rxvtcl_negatives(
+    anchor: Tensor, positive: Tensor, c1: Tensor, c2: Tensor, perm: Tensor
+) -> Tensor:
     """The six negatives ``[N,6,D]`` of each anchor (v, x^i) with partner triplet ``perm[b]``:
     (1) (v, x̂^i), (v, x̂^j); (2) (v̂, x^i), (v̂, x^j); (3) (v̂, x̂^i), (v̂, x̂^j). ``c1``/``c2`` are the
     fused (v_b, x^i_perm[b]) / (v_b, x^j_perm[b]); type (2) are the partner's type-(1) rows."""
@@ -162,7 +166,12 @@ def textual_distances(tr_i: Tensor, tr_j: Tensor, perm: Tensor) -> Tensor:
 
 
 def rxvtcl_vectors(
-    anchor: Tensor, positive: Tensor, c1: Tensor, c2: Tensor, perm: Tensor, alpha: float,
+    anchor: Tensor,
+    positive: Tensor,
+    c1: Tensor,
+    c2: Tensor,
+    perm: Tensor,
+    alpha: float,
     d_tr: Tensor | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """Per-anchor (L̃ or L̃^reg ``[N]``, L_raw ``[N]``, KL ``[N]`` or None) of one sub-batch.

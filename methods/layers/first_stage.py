@@ -8,7 +8,8 @@ world, a timm / Hugging Face name elsewhere)."""
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -25,7 +26,7 @@ class FrozenEncoders(nn.Module):
         self.text = TextEncoder.from_config(text, data).requires_grad_(False).eval()
         self.image_dim, self.text_dim = self.image.out_dim, self.text.out_dim
 
-    def train(self, mode: bool = True) -> "FrozenEncoders":
+    def train(self, mode: bool = True) -> FrozenEncoders:
         return super().train(False)
 
     @torch.no_grad()

@@ -22,7 +22,9 @@ def copy_hf_layer(target: FusionLayer, source: nn.Module) -> None:
     target.self_attn.in_proj_weight.copy_(
         torch.cat([attention.query.weight, attention.key.weight, attention.value.weight])
     )
-    target.self_attn.in_proj_bias.copy_(torch.cat([attention.query.bias, attention.key.bias, attention.value.bias]))
+    target.self_attn.in_proj_bias.copy_(
+        torch.cat([attention.query.bias, attention.key.bias, attention.value.bias])
+    )
     target.self_attn.out_proj.load_state_dict(source.attention.output.dense.state_dict())
     target.norm_self.load_state_dict(source.attention.output.LayerNorm.state_dict())
     target.ffn[0].load_state_dict(source.intermediate.dense.state_dict())
@@ -30,8 +32,9 @@ def copy_hf_layer(target: FusionLayer, source: nn.Module) -> None:
     target.norm_ffn.load_state_dict(source.output.LayerNorm.state_dict())
 
 
-def fusion_from_hf_layers(layers: Sequence[nn.Module], width: int, image_dim: int, heads: int,
-                          mlp_ratio: float) -> FusionEncoder:
+def fusion_from_hf_layers(
+    layers: Sequence[nn.Module], width: int, image_dim: int, heads: int, mlp_ratio: float
+) -> FusionEncoder:
     """A FusionEncoder with one fusion layer per given HF layer, seeded from it."""
     fusion = FusionEncoder(width, image_dim, layers=len(layers), heads=heads, mlp_ratio=mlp_ratio)
     for target, source in zip(fusion.layers, layers, strict=True):

@@ -44,9 +44,12 @@ def encode_in_chunks(encode: Callable[..., Any], *inputs: Tensor, chunks: int) -
     rows = {len(x) for x in inputs}
     if len(rows) != 1:
         raise ValueError(f"encode_in_chunks: inputs have different row counts {sorted(rows)}")
-    pieces = zip(*(x.tensor_split(chunks) for x in inputs))
-    outputs = [checkpoint(encode, *piece, use_reentrant=False, preserve_rng_state=True)
-               for piece in pieces if len(piece[0])]
+    pieces = zip(*(x.tensor_split(chunks) for x in inputs), strict=True)
+    outputs = [
+        checkpoint(encode, *piece, use_reentrant=False, preserve_rng_state=True)
+        for piece in pieces
+        if len(piece[0])
+    ]
     return _concat(outputs)
 
 
@@ -56,8 +59,11 @@ def _concat(parts: list[Any]) -> Any:
     if isinstance(first, Tensor):
         return torch.cat(parts)
     if isinstance(first, tuple):
-        return tuple(_concat(list(items)) for items in zip(*parts))
+        return tuple(_concat(list(items)) for items in zip(*parts, strict=True))
     if is_dataclass(first):
-        return replace(first, **{f.name: _concat([getattr(p, f.name) for p in parts])
-                                 for f in fields(first)})
-    raise TypeError(f"encode_in_chunks: cannot concatenate an output of type {type(first).__name__}")
+        return replace(
+            first, **{f.name: _concat([getattr(p, f.name) for p in parts]) for f in fields(first)}
+        )
+    raise TypeError(
+        f"encode_in_chunks: cannot concatenate an output of type {type(first).__name__}"
+    )

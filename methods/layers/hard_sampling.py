@@ -61,7 +61,6 @@ def own_block(matrix: Tensor, languages: int) -> Tensor:
 
 def _reference_weights(sim: Tensor, present: Tensor, languages: int) -> SamplingWeights:
     """ALBEF-style softmax weights on sim = cos/τ; the positive weight falls as similarity rises."""
-    batch = sim.size(0)
     w_i2t = sim.masked_fill(~present[None, :], float("-inf")).softmax(1) + _REFERENCE_EPS
     w_t2i = sim.t().softmax(1) + _REFERENCE_EPS
     own_weights = own_block(w_i2t, languages)
@@ -75,7 +74,9 @@ def _paper_weights(cos: Tensor, present: Tensor, languages: int) -> SamplingWeig
     clamped = cos.clamp(min=0) + _PAPER_EPS
     own_cos = own_block(clamped, languages) * present.view(batch, languages)
     positive = 1 - own_cos / own_cos.sum(1, keepdim=True) + _PAPER_EPS
-    per_instance = (cos * present[None, :]).view(batch, batch, languages).sum(2).t()  # [inst, image]
+    per_instance = (
+        (cos * present[None, :]).view(batch, batch, languages).sum(2).t()
+    )  # [inst, image]
     negative_image = (per_instance.clamp(min=0) + _PAPER_EPS).repeat_interleave(languages, dim=0)
     return SamplingWeights(positive=positive, negative_text=clamped, negative_image=negative_image)
 
@@ -106,12 +107,18 @@ def sampling_weights(
         raise ValueError(f"sampling_weights: mode must be one of {MINING_MODES}, got {mode!r}")
     batch = image_feat.size(0)
     if batch < 2:
-        raise ValueError(f"hard negative mining needs at least 2 instances per process, got {batch}")
+        raise ValueError(
+            f"hard negative mining needs at least 2 instances per process, got {batch}"
+        )
     if text_feat.size(0) % batch:
         raise ValueError(f"sampling_weights: {text_feat.size(0)} caption rows for {batch} images")
     languages = text_feat.size(0) // batch
     device = image_feat.device
-    present = torch.ones(batch * languages, dtype=torch.bool, device=device) if present is None else present
+    present = (
+        torch.ones(batch * languages, dtype=torch.bool, device=device)
+        if present is None
+        else present
+    )
     if not bool(present.view(batch, languages).any(1).all()):
         raise ValueError("sampling_weights: an instance has no present caption")
     own = caption_owner_mask(batch, languages, device)
@@ -122,7 +129,9 @@ def sampling_weights(
         weights = _paper_weights(cos, present, languages)
     else:
         weights = _uniform_weights(batch, languages, device)
-    same_image = torch.eye(batch, dtype=torch.bool, device=device).repeat_interleave(languages, dim=0)
+    same_image = torch.eye(batch, dtype=torch.bool, device=device).repeat_interleave(
+        languages, dim=0
+    )
     return SamplingWeights(
         positive=weights.positive * present.view(batch, languages),
         negative_text=weights.negative_text.masked_fill(own | ~present[None, :], 0.0),
@@ -154,7 +163,9 @@ def sample_hard_examples(
     negative_image = torch.multinomial(
         weights.negative_image[positive], 1, generator=generator
     ).squeeze(1)
-    return HardSamples(positive_text=positive, negative_text=negative_text, negative_image=negative_image)
+    return HardSamples(
+        positive_text=positive, negative_text=negative_text, negative_image=negative_image
+    )
 
 
 @dataclass

@@ -20,7 +20,9 @@ def soft_label_cross_entropy(logits: Tensor, multi_hot: Tensor) -> Tensor:
     ``y [N, C]`` normalised); rows without any label are left out. Zero (with a graph) when no
     row of the global batch has a label."""
     if logits.shape != multi_hot.shape:
-        raise ValueError(f"soft_label_cross_entropy: logits {tuple(logits.shape)} vs labels {tuple(multi_hot.shape)}")
+        raise ValueError(
+            f"soft_label_cross_entropy: logits {tuple(logits.shape)} vs labels {tuple(multi_hot.shape)}"
+        )
     targets = multi_hot.to(torch.float32)
     counts = targets.sum(1, keepdim=True)
     labelled = counts.squeeze(1) > 0

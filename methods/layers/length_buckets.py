@@ -20,7 +20,7 @@ def length_buckets(attention_mask: Tensor, buckets: int) -> tuple[Tensor, list[t
     groups = order.chunk(buckets)
     # every group's longest length in one device-to-host copy (a sync on a GPU), not one per group
     longest = torch.stack([lengths[rows].max() for rows in groups]).clamp(min=1).tolist()
-    return order, list(zip(groups, longest))
+    return order, list(zip(groups, longest, strict=True))
 
 
 def merge_buckets(parts: list[Tensor], order: Tensor, length: int) -> Tensor:

@@ -25,7 +25,9 @@ class MaskedTokens:
     labels: Tensor
 
 
-def maskable_positions(input_ids: Tensor, attention_mask: Tensor, special_ids: Iterable[int]) -> Tensor:
+def maskable_positions(
+    input_ids: Tensor, attention_mask: Tensor, special_ids: Iterable[int]
+) -> Tensor:
     """Bool [N, L]: attended tokens that are not special (never <s>, </s>, <pad>, <mask>)."""
     special = torch.tensor(sorted(set(special_ids)), dtype=input_ids.dtype, device=input_ids.device)
     return attention_mask.bool() & ~torch.isin(input_ids, special)
@@ -58,7 +60,9 @@ def mask_tokens(
     is_ordinary = torch.ones(vocab_size, dtype=torch.bool, device=device)
     is_ordinary[sorted(special_ids)] = False
     ordinary = is_ordinary.nonzero().squeeze(1).to(input_ids.dtype)
-    random_ids = ordinary[torch.randint(len(ordinary), input_ids.shape, generator=generator, device=device)]
+    random_ids = ordinary[
+        torch.randint(len(ordinary), input_ids.shape, generator=generator, device=device)
+    ]
     corrupted = torch.where(to_mask, torch.full_like(input_ids, mask_token_id), input_ids)
     corrupted = torch.where(to_random, random_ids, corrupted)
     return MaskedTokens(input_ids=corrupted, labels=labels)

@@ -75,16 +75,19 @@ def meta_objective(
         raise ValueError("meta_objective: second_order is a single-process diagnostic")
     names = [name for name, p in params.items() if p.requires_grad]
     if inner_loss.requires_grad:
-        grads = torch.autograd.grad(inner_loss, [params[n] for n in names], allow_unused=True,
-                                    create_graph=second_order)
+        grads = torch.autograd.grad(
+            inner_loss, [params[n] for n in names], allow_unused=True, create_graph=second_order
+        )
     else:  # a constant meta-train loss: no step
         grads = (None,) * len(names)
     grads = dict(zip(names, grads, strict=True))
     if not second_order:
         grads = {name: None if g is None else g.detach() for name, g in grads.items()}
         average_over_processes([g for g in grads.values() if g is not None])
-    shifted = {name: params[name] if grads[name] is None else params[name] - alpha * grads[name]
-               for name in virtual}
+    shifted = {
+        name: params[name] if grads[name] is None else params[name] - alpha * grads[name]
+        for name in virtual
+    }
     outer = outer_loss(shifted)
     if second_order:
         loss = inner_loss + outer
@@ -94,4 +97,6 @@ def meta_objective(
         if torch.is_tensor(linear):
             loss = loss + (linear - linear.detach())
     inner_grads = {name: grads[name].detach() for name in virtual if grads[name] is not None}
-    return MetaObjective(loss=loss, inner=inner_loss.detach(), outer=outer.detach(), inner_grads=inner_grads)
+    return MetaObjective(
+        loss=loss, inner=inner_loss.detach(), outer=outer.detach(), inner_grads=inner_grads
+    )

@@ -48,7 +48,9 @@ def positive_mask(query_instances: Tensor, num_instances: int, languages: int) -
     return caption_owner[None, :] == query_instances[:, None]
 
 
-def one_to_k_i2t(logits: Tensor, positives: Tensor, candidate_present: Tensor | None = None) -> Tensor:
+def one_to_k_i2t(
+    logits: Tensor, positives: Tensor, candidate_present: Tensor | None = None
+) -> Tensor:
     """Image→text soft-label cross-entropy of each query image, [Q].
 
     logits [Q, C] image-to-caption scores (already divided by τ); positives bool [Q, C]; the target
@@ -85,12 +87,16 @@ def one_to_k_terms(
     weighting: "paper" sums the two directions (Eq. 6); "reference" gives (i2t + t2i / K) / 2.
     """
     if weighting not in WEIGHTINGS:
-        raise ValueError(f"one_to_k_terms: weighting must be one of {WEIGHTINGS}, got {weighting!r}")
+        raise ValueError(
+            f"one_to_k_terms: weighting must be one of {WEIGHTINGS}, got {weighting!r}"
+        )
     layout = RowLayout(counts=(image_query.size(0),), rank=0) if layout is None else layout
     local_b, total_b = image_query.size(0), image_all.size(0)
     if layout.local != local_b or layout.total != total_b:
-        raise ValueError(f"one_to_k_terms: layout {layout.counts} (rank {layout.rank}) does not fit "
-                         f"{local_b} local and {total_b} gathered images")
+        raise ValueError(
+            f"one_to_k_terms: layout {layout.counts} (rank {layout.rank}) does not fit "
+            f"{local_b} local and {total_b} gathered images"
+        )
     if text_all.size(0) % total_b or text_query.size(0) != text_all.size(0) // total_b * local_b:
         raise ValueError(
             f"one_to_k_terms: text rows must be K per image (local {tuple(text_query.shape)} for "
@@ -100,7 +106,9 @@ def one_to_k_terms(
     query_instances = torch.arange(local_b, device=image_query.device) + layout.offset
 
     i2t_logits = similarity_logits(image_query, text_all, temperature)
-    i2t_rows = one_to_k_i2t(i2t_logits, positive_mask(query_instances, total_b, languages), present_all)
+    i2t_rows = one_to_k_i2t(
+        i2t_logits, positive_mask(query_instances, total_b, languages), present_all
+    )
     i2t = layout.global_mean(i2t_rows)
 
     t2i_logits = similarity_logits(text_query, image_all, temperature)
@@ -139,8 +147,17 @@ def one_to_k_loss(
     text_layout = row_layout(text_feat.size(0), text_feat.device)
     image_all = gather_with_grad(image_feat, image_layout)
     text_all = gather_with_grad(text_feat, text_layout)
-    present_all = None if present is None else gather_with_grad(present.to(torch.uint8), text_layout).bool()
+    present_all = (
+        None if present is None else gather_with_grad(present.to(torch.uint8), text_layout).bool()
+    )
     return one_to_k_terms(
-        image_feat, text_feat, image_all, text_all, temperature,
-        layout=image_layout, present_query=present, present_all=present_all, weighting=weighting,
+        image_feat,
+        text_feat,
+        image_all,
+        text_all,
+        temperature,
+        layout=image_layout,
+        present_query=present,
+        present_all=present_all,
+        weighting=weighting,
     )

@@ -4,7 +4,7 @@ learning-rate schedules every method shares: linear warm-up, then a cosine or a 
 from __future__ import annotations
 
 import math
-from typing import Mapping
+from collections.abc import Mapping
 
 from torch import nn
 

@@ -59,8 +59,9 @@ def sinkhorn_plan(
     log_kernel = _safe((similarity.detach().float() - 1.0) / epsilon, valid)
     log_a, log_b = _log_marginal(source_mask), _log_marginal(target_mask)
     if variant == "partial":
-        return _partial_plan(log_kernel, log_a, log_b, source_mask, target_mask, partial_mass,
-                             iterations)
+        return _partial_plan(
+            log_kernel, log_a, log_b, source_mask, target_mask, partial_mass, iterations
+        )
     # Scalings u = exp(log_u), v = exp(log_v); the plan is diag(u) K diag(v).
     power = 1.0 if variant == "balanced" else marginal_penalty / (marginal_penalty + epsilon)
     log_u, log_v = torch.zeros_like(log_a), torch.zeros_like(log_b)
@@ -85,13 +86,16 @@ def _partial_plan(log_kernel, log_a, log_b, source_mask, target_mask, mass, iter
         columns = torch.logsumexp(log_plan, dim=1)
         log_plan = log_plan + _safe((log_b - columns).clamp_max(0.0), target_mask)[:, None, :]
         total = torch.logsumexp(log_plan.flatten(1), dim=1)
-        log_plan = log_plan + torch.nan_to_num(log_mass - total, posinf=0.0, neginf=0.0)[:, None, None]
+        log_plan = (
+            log_plan + torch.nan_to_num(log_mass - total, posinf=0.0, neginf=0.0)[:, None, None]
+        )
     return log_plan.exp()
 
 
 @torch.no_grad()
-def ot_pseudo_labels(plan: Tensor, source_mask: Tensor, target_mask: Tensor,
-                     norm: str = "mass") -> tuple[Tensor, Tensor]:
+def ot_pseudo_labels(
+    plan: Tensor, source_mask: Tensor, target_mask: Tensor, norm: str = "mass"
+) -> tuple[Tensor, Tensor]:
     """Thresholded word-alignment labels from a plan: keep entries above the pair's mean plan
     value over its valid entries (γ_b), then normalise each source row by its kept mass
     (``norm="mass"``, a distribution per word) or by its kept count (``"count"``, Eq. 9 literally).
@@ -107,19 +111,23 @@ def ot_pseudo_labels(plan: Tensor, source_mask: Tensor, target_mask: Tensor,
     kept = plan * keep
     denominator = kept.sum(2, keepdim=True) if norm == "mass" else keep.sum(2, keepdim=True).float()
     rows = source_mask.bool() & (denominator.squeeze(2) > 0)
-    labels = torch.where(rows[:, :, None], kept / denominator.clamp_min(1e-30), torch.zeros_like(kept))
+    labels = torch.where(
+        rows[:, :, None], kept / denominator.clamp_min(1e-30), torch.zeros_like(kept)
+    )
     return labels, rows
 
 
 @torch.no_grad()
-def attention_pseudo_labels(source_states: Tensor, target_states: Tensor, source_mask: Tensor,
-                            target_mask: Tensor) -> tuple[Tensor, Tensor]:
+def attention_pseudo_labels(
+    source_states: Tensor, target_states: Tensor, source_mask: Tensor, target_mask: Tensor
+) -> tuple[Tensor, Tensor]:
     """The ablation's alternative labels: softmax over target words of h^s_m · h^t_n / sqrt(H),
     used directly for every source word (no thresholding)."""
     scale = source_states.shape[-1] ** -0.5
     scores = torch.einsum("bmh,bnh->bmn", source_states.float(), target_states.float()) * scale
     scores = scores.masked_fill(~target_mask.bool()[:, None, :], float("-inf"))
     rows = source_mask.bool() & target_mask.bool().any(1, keepdim=True)
-    labels = torch.where(rows[:, :, None], scores.softmax(2).nan_to_num(0.0),
-                         torch.zeros_like(scores))
+    labels = torch.where(
+        rows[:, :, None], scores.softmax(2).nan_to_num(0.0), torch.zeros_like(scores)
+    )
     return labels, rows

@@ -37,7 +37,9 @@ def mask_patches(
         raise ValueError(f"mask_patches: probability must be in (0, 1], got {probability}")
     batch, length, _ = tokens.shape
     if length < 2:
-        raise ValueError(f"mask_patches: need a global token and at least one patch, got {length} tokens")
+        raise ValueError(
+            f"mask_patches: need a global token and at least one patch, got {length} tokens"
+        )
     device = tokens.device
     draws = torch.rand(batch, length, generator=generator, device=device)
     draws[:, 0] = 2.0  # never the global token

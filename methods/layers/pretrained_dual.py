@@ -18,9 +18,10 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import torch
 from PIL import Image
@@ -30,9 +31,21 @@ LIBRARIES = ("open_clip", "hf", "mclip")
 COMMIT = re.compile(r"[0-9a-f]{40}")
 # NLLB tokenizers (open_clip's nllb-clip-*) mark the source language with a FLORES-200 code.
 NLLB_CODES = {
-    "en": "eng_Latn", "de": "deu_Latn", "fr": "fra_Latn", "cs": "ces_Latn", "es": "spa_Latn",
-    "id": "ind_Latn", "ja": "jpn_Jpan", "ru": "rus_Cyrl", "tr": "tur_Latn", "zh": "zho_Hans",
-    "ko": "kor_Hang", "it": "ita_Latn", "pl": "pol_Latn", "vi": "vie_Latn", "th": "tha_Thai",
+    "en": "eng_Latn",
+    "de": "deu_Latn",
+    "fr": "fra_Latn",
+    "cs": "ces_Latn",
+    "es": "spa_Latn",
+    "id": "ind_Latn",
+    "ja": "jpn_Jpan",
+    "ru": "rus_Cyrl",
+    "tr": "tur_Latn",
+    "zh": "zho_Hans",
+    "ko": "kor_Hang",
+    "it": "ita_Latn",
+    "pl": "pol_Latn",
+    "vi": "vie_Latn",
+    "th": "tha_Thai",
 }
 # Which top-level children and parameters a tower keeps (the rest is dropped, so no parameter goes
 # unused under DDP): HF CLIP-style models name theirs vision_model / visual_projection /
@@ -60,28 +73,41 @@ class DualSpec:
         if self.library not in LIBRARIES:
             raise PretrainedModelError(f"library {self.library!r}: expected one of {LIBRARIES}")
         if self.revision is not None and not COMMIT.fullmatch(self.revision):
-            raise PretrainedModelError(f"{self.label}: revision {self.revision!r} is not a commit "
-                                       "hash (40 lower-case hex digits)")
+            raise PretrainedModelError(
+                f"{self.label}: revision {self.revision!r} is not a commit "
+                "hash (40 lower-case hex digits)"
+            )
         if (self.library == "mclip") != (self.image_model is not None):
-            raise PretrainedModelError(f"{self.label}: image_model names the open_clip image tower "
-                                       "of an M-CLIP text encoder, and only of one")
+            raise PretrainedModelError(
+                f"{self.label}: image_model names the open_clip image tower "
+                "of an M-CLIP text encoder, and only of one"
+            )
         if self.remote_code and self.library != "hf":
             raise PretrainedModelError(f"{self.label}: remote code is a Hugging Face option")
         if self.remote_code and self.revision is None:
             raise PretrainedModelError(
                 f"{self.label} runs modelling code from its repository: pin it with "
-                "revision=<40-hex commit> (the code that runs is then the code of that commit)")
+                "revision=<40-hex commit> (the code that runs is then the code of that commit)"
+            )
 
     @classmethod
-    def from_mapping(cls, values: Mapping[str, Any]) -> "DualSpec":
+    def from_mapping(cls, values: Mapping[str, Any]) -> DualSpec:
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(values) - known)
         if unknown:
-            raise PretrainedModelError(f"pretrained model settings: unknown keys {unknown}; "
-                                       f"known: {sorted(known)}")
-        return cls(**{k: (str(v) if k in ("model", "pretrained", "revision", "image_model")
-                          and v is not None
-                          else v) for k, v in values.items()})
+            raise PretrainedModelError(
+                f"pretrained model settings: unknown keys {unknown}; known: {sorted(known)}"
+            )
+        return cls(
+            **{
+                k: (
+                    str(v)
+                    if k in ("model", "pretrained", "revision", "image_model") and v is not None
+                    else v
+                )
+                for k, v in values.items()
+            }
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -96,12 +122,15 @@ class PretrainedIO:
     """The model's own image preprocessing (PIL images -> pixels) and tokenizer."""
 
     spec: DualSpec
-    transform: Any      # open_clip: a torchvision transform per image; hf: an image processor
+    transform: Any  # open_clip: a torchvision transform per image; hf: an image processor
     tokenizer: Any
     text_length: int
 
     def preprocess(self, images: list[Image.Image]) -> Tensor:
-        if self.spec.library in ("open_clip", "mclip"):  # open_clip's transform, one image at a time
+        if self.spec.library in (
+            "open_clip",
+            "mclip",
+        ):  # open_clip's transform, one image at a time
             return torch.stack([self.transform(image) for image in images])
         return self.transform(images=images, return_tensors="pt")["pixel_values"]
 
@@ -113,19 +142,29 @@ class PretrainedIO:
                 if language is None:
                     raise PretrainedModelError(
                         f"{self.spec.label} needs each caption's language (an NLLB tokenizer); "
-                        "training batches mix languages, so it can be scored but not fine-tuned")
+                        "training batches mix languages, so it can be scored but not fine-tuned"
+                    )
                 if language not in NLLB_CODES:
-                    raise PretrainedModelError(f"no NLLB language code known for '{language}' "
-                                               f"(known: {', '.join(sorted(NLLB_CODES))})")
+                    raise PretrainedModelError(
+                        f"no NLLB language code known for '{language}' "
+                        f"(known: {', '.join(sorted(NLLB_CODES))})"
+                    )
                 self.tokenizer.set_language(NLLB_CODES[language])
             ids = self.tokenizer(texts).long()
             return {"input_ids": ids, "attention_mask": (ids != self.pad_token_id).long()}
-        batch = self.tokenizer(list(texts), padding="max_length", truncation=True,
-                               max_length=self.text_length, return_tensors="pt")
+        batch = self.tokenizer(
+            list(texts),
+            padding="max_length",
+            truncation=True,
+            max_length=self.text_length,
+            return_tensors="pt",
+        )
         ids = batch["input_ids"].long()
         mask = batch.get("attention_mask")
-        return {"input_ids": ids,
-                "attention_mask": (ids != self.pad_token_id).long() if mask is None else mask.long()}
+        return {
+            "input_ids": ids,
+            "attention_mask": (ids != self.pad_token_id).long() if mask is None else mask.long(),
+        }
 
     @property
     def uses_mask(self) -> bool:
@@ -159,19 +198,27 @@ def _open_clip_model(spec: DualSpec):
         folder = Path(spec.model.removeprefix("local-dir:"))
         weights = sorted(f for p in ("*.safetensors", "*.bin", "*.pth") for f in folder.glob(p))
         if not weights:
-            raise PretrainedModelError(f"{folder} holds no open_clip weights (*.safetensors, "
-                                       "*.bin, *.pth); open_clip would build random weights")
-    for path in weights:  # open_clip reads them unchecked: a foreign or truncated file is named here
+            raise PretrainedModelError(
+                f"{folder} holds no open_clip weights (*.safetensors, "
+                "*.bin, *.pth); open_clip would build random weights"
+            )
+    for (
+        path
+    ) in weights:  # open_clip reads them unchecked: a foreign or truncated file is named here
         load_state_dict_file(path)
-    model, _, transform = open_clip.create_model_and_transforms(spec.model, pretrained=spec.pretrained)
+    model, _, transform = open_clip.create_model_and_transforms(
+        spec.model, pretrained=spec.pretrained
+    )
     return model, transform, open_clip.get_tokenizer(spec.model)
 
 
 def _open_clip_io(spec: DualSpec, transform, tokenizer) -> PretrainedIO:
     length = int(getattr(tokenizer, "context_length", 0) or 0)
     if spec.text_length is not None and spec.text_length != length:
-        raise PretrainedModelError(f"{spec.label}: text_length {spec.text_length} differs from "
-                                   f"the tokenizer's context length {length}")
+        raise PretrainedModelError(
+            f"{spec.label}: text_length {spec.text_length} differs from "
+            f"the tokenizer's context length {length}"
+        )
     return PretrainedIO(spec, transform, tokenizer, length)
 
 
@@ -189,8 +236,9 @@ def _hf_io(spec: DualSpec, processor=None, text_config=None) -> PretrainedIO:
         limits = [tokenizer.model_max_length, getattr(text_config, "max_position_embeddings", None)]
         known = [n for n in limits if isinstance(n, int) and 0 < n < 100_000]
         if not known:
-            raise PretrainedModelError(f"{spec.label}: no text length known from its tokenizer or "
-                                       "config; set text_length")
+            raise PretrainedModelError(
+                f"{spec.label}: no text length known from its tokenizer or config; set text_length"
+            )
         length = min(known)
     return PretrainedIO(spec, processor, tokenizer, length)
 
@@ -223,7 +271,11 @@ class MClipDual(nn.Module):
 
     def __init__(self, visual: nn.Module, text_transformer: nn.Module, text_projection: nn.Linear):
         super().__init__()
-        self.visual, self.text_transformer, self.text_projection = visual, text_transformer, text_projection
+        self.visual, self.text_transformer, self.text_projection = (
+            visual,
+            text_transformer,
+            text_projection,
+        )
 
     def get_image_features(self, pixel_values: Tensor) -> Tensor:
         return self.visual(pixel_values)
@@ -249,13 +301,16 @@ def _mclip_model(spec: DualSpec) -> tuple[MClipDual, Any]:
     try:
         base, width, dims = mclip["modelBase"], mclip["transformerDimensions"], mclip["numDims"]
     except KeyError as err:
-        raise PretrainedModelError(f"{spec.label}: {config_path} lacks the M-CLIP field {err}") from None
+        raise PretrainedModelError(
+            f"{spec.label}: {config_path} lacks the M-CLIP field {err}"
+        ) from None
     text = AutoModel.from_config(AutoConfig.from_pretrained(base))
     projection = nn.Linear(int(width), int(dims))
     weights = None
     for name in ("model.safetensors", "pytorch_model.bin"):
-        weights = cached_file(spec.model, name, revision=spec.revision,
-                              _raise_exceptions_for_missing_entries=False)
+        weights = cached_file(
+            spec.model, name, revision=spec.revision, _raise_exceptions_for_missing_entries=False
+        )
         if weights:
             break
     if not weights:
@@ -267,14 +322,18 @@ def _mclip_model(spec: DualSpec) -> tuple[MClipDual, Any]:
         prefix = next((p for p in MCLIP_KEYS if key.startswith(p)), None)
         if prefix is not None:
             state[MCLIP_KEYS[prefix] + key.removeprefix(prefix)] = value
-    image, _, transform = open_clip.create_model_and_transforms(spec.image_model, pretrained=spec.pretrained)
+    image, _, transform = open_clip.create_model_and_transforms(
+        spec.image_model, pretrained=spec.pretrained
+    )
     model = MClipDual(image.visual, text, projection)
     own = {k: v for k, v in model.state_dict().items() if not k.startswith("visual.")}
     missing = sorted(set(own) - set(state))
     extra = sorted(set(state) - set(own))
     if missing or extra:
-        raise PretrainedModelError(f"{spec.label}: {weights} does not match its M-CLIP config "
-                                   f"(missing {missing[:3]}, unexpected {extra[:3]})")
+        raise PretrainedModelError(
+            f"{spec.label}: {weights} does not match its M-CLIP config "
+            f"(missing {missing[:3]}, unexpected {extra[:3]})"
+        )
     model.load_state_dict(state, strict=False)
     return model, transform
 
@@ -290,7 +349,8 @@ def load_model(spec: DualSpec) -> nn.Module:
         if not all(hasattr(model, f) for f in ("get_image_features", "get_text_features")):
             raise PretrainedModelError(
                 f"{spec.label} ({type(model).__name__}) is not a CLIP-style dual encoder "
-                "(no get_image_features / get_text_features)")
+                "(no get_image_features / get_text_features)"
+            )
     return model.eval()
 
 
@@ -301,10 +361,14 @@ def resolved_revision(model: nn.Module) -> str | None:
     return commit if isinstance(commit, str) and COMMIT.fullmatch(commit) else None
 
 
-def keep_parts(model: nn.Module, prefixes: tuple[str, ...], drop: tuple[str, ...] = ()) -> nn.Module:
+def keep_parts(
+    model: nn.Module, prefixes: tuple[str, ...], drop: tuple[str, ...] = ()
+) -> nn.Module:
     """Drop the top-level children and parameters whose names do not start with ``prefixes`` (or
     that start with ``drop``): a tower keeps only what it computes with."""
-    for name in [n for n, _ in model.named_children()] + [n for n, _ in model.named_parameters(recurse=False)]:
+    for name in [n for n, _ in model.named_children()] + [
+        n for n, _ in model.named_parameters(recurse=False)
+    ]:
         if not name.startswith(prefixes) or name.startswith(drop):
             setattr(model, name, None)
     if not any(True for _ in model.parameters()):

@@ -8,7 +8,8 @@ tiny ViT (``name: world``); on real data a local timm model (e.g. ResNet-50's C5
 
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 from torch import Tensor, nn
@@ -27,10 +28,10 @@ class GridRegions(nn.Module):
         self.dim = encoder.out_dim
 
     @classmethod
-    def from_config(cls, cfg: Mapping[str, Any], data: Any) -> "GridRegions":
+    def from_config(cls, cfg: Mapping[str, Any], data: Any) -> GridRegions:
         return cls(ImageEncoder.from_config(cfg, data))
 
-    def train(self, mode: bool = True) -> "GridRegions":
+    def train(self, mode: bool = True) -> GridRegions:
         return super().train(False)
 
     @torch.no_grad()

@@ -18,9 +18,10 @@ Token embeddings are scaled by √d, visual tokens are not; positions count over
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -43,8 +44,13 @@ class Encoded:
 
 
 WORLD = "world"
-ARCHITECTURE = {"d_model": "d_model", "heads": "encoder_attention_heads", "ffn_dim": "encoder_ffn_dim",
-                "encoder_layers": "encoder_layers", "decoder_layers": "decoder_layers"}
+ARCHITECTURE = {
+    "d_model": "d_model",
+    "heads": "encoder_attention_heads",
+    "ffn_dim": "encoder_ffn_dim",
+    "encoder_layers": "encoder_layers",
+    "decoder_layers": "decoder_layers",
+}
 
 
 def world_backbone(backbone: Mapping[str, Any], data: Any) -> dict[str, Any]:
@@ -55,21 +61,33 @@ def world_backbone(backbone: Mapping[str, Any], data: Any) -> dict[str, Any]:
         return backbone
     provided = getattr(data, "backbones", None) or {}
     if "seq2seq" not in provided:
-        raise ValueError("method.backbone.pretrained=world is the synthetic world's pretrained mBART, "
-                         "which this data does not provide (only data=synthetic with data.backbones "
-                         "set); name a local mBART folder or null (random init)")
+        raise ValueError(
+            "method.backbone.pretrained=world is the synthetic world's pretrained mBART, "
+            "which this data does not provide (only data=synthetic with data.backbones "
+            "set); name a local mBART folder or null (random init)"
+        )
     folder = provided["seq2seq"]["pretrained"]
     config = json.loads((Path(folder) / "config.json").read_text())
-    differing = [f"{key}={backbone[key]} (world mBART: {config[field]})"
-                 for key, field in ARCHITECTURE.items() if key in backbone and backbone[key] != config[field]]
+    differing = [
+        f"{key}={backbone[key]} (world mBART: {config[field]})"
+        for key, field in ARCHITECTURE.items()
+        if key in backbone and backbone[key] != config[field]
+    ]
     if differing:
-        raise ValueError(f"method.backbone: {', '.join(differing)}; with pretrained=world the "
-                         f"world mBART fixes the architecture")
+        raise ValueError(
+            f"method.backbone: {', '.join(differing)}; with pretrained=world the "
+            f"world mBART fixes the architecture"
+        )
     return {**backbone, "pretrained": folder}
 
 
-def build_mbart(backbone: Mapping[str, Any], vocab_size: int, pad_token_id: int,
-                bos_token_id: int, eos_token_id: int):
+def build_mbart(
+    backbone: Mapping[str, Any],
+    vocab_size: int,
+    pad_token_id: int,
+    bos_token_id: int,
+    eos_token_id: int,
+):
     """An ``MBartModel``: random init from the tiny fields of ``backbone``, or the local folder
     ``backbone.pretrained`` (``save_pretrained`` layout; nothing is downloaded)."""
     from transformers import MBartConfig, MBartModel
@@ -83,15 +101,25 @@ def build_mbart(backbone: Mapping[str, Any], vocab_size: int, pad_token_id: int,
             )
         return MBartModel.from_pretrained(str(pretrained))
     config = MBartConfig(
-        vocab_size=vocab_size, d_model=backbone["d_model"],
-        encoder_layers=backbone["encoder_layers"], decoder_layers=backbone["decoder_layers"],
-        encoder_attention_heads=backbone["heads"], decoder_attention_heads=backbone["heads"],
-        encoder_ffn_dim=backbone["ffn_dim"], decoder_ffn_dim=backbone["ffn_dim"],
-        max_position_embeddings=backbone["max_positions"], dropout=backbone["dropout"],
-        attention_dropout=0.0, activation_dropout=0.0, encoder_layerdrop=0.0,
-        decoder_layerdrop=0.0, scale_embedding=True, init_std=backbone["init_std"],
+        vocab_size=vocab_size,
+        d_model=backbone["d_model"],
+        encoder_layers=backbone["encoder_layers"],
+        decoder_layers=backbone["decoder_layers"],
+        encoder_attention_heads=backbone["heads"],
+        decoder_attention_heads=backbone["heads"],
+        encoder_ffn_dim=backbone["ffn_dim"],
+        decoder_ffn_dim=backbone["ffn_dim"],
+        max_position_embeddings=backbone["max_positions"],
+        dropout=backbone["dropout"],
+        attention_dropout=0.0,
+        activation_dropout=0.0,
+        encoder_layerdrop=0.0,
+        decoder_layerdrop=0.0,
+        scale_embedding=True,
+        init_std=backbone["init_std"],
         pad_token_id=pad_token_id,
-        bos_token_id=bos_token_id, eos_token_id=eos_token_id,
+        bos_token_id=bos_token_id,
+        eos_token_id=eos_token_id,
     )
     return MBartModel(config)
 
@@ -115,7 +143,9 @@ class VisualTokenizer(nn.Module):
         """``[B,3,H,W]`` -> ``[B, (H/p)(W/p), d]``, patches in row-major order."""
         p = self.patch_size
         if images.shape[-1] % p or images.shape[-2] % p:
-            raise ValueError(f"image side {tuple(images.shape[-2:])} is not a multiple of patch {p}")
+            raise ValueError(
+                f"image side {tuple(images.shape[-2:])} is not a multiple of patch {p}"
+            )
         pixels = F.unfold(images, kernel_size=p, stride=p).transpose(1, 2)  # [B, P, 3p²]
         return self.patch_proj(self.patch_embed(pixels))
 
@@ -129,19 +159,33 @@ class VisualTokenizer(nn.Module):
 class SingleStreamSeq2Seq(nn.Module):
     """The mBART encoder–decoder with RC3's inputs, tags, visual tokens and output heads."""
 
-    def __init__(self, backbone: Mapping[str, Any], languages: Sequence[str], vocab_size: int,
-                 pad_token_id: int, bos_token_id: int, eos_token_id: int, roi_dim: int | None):
+    def __init__(
+        self,
+        backbone: Mapping[str, Any],
+        languages: Sequence[str],
+        vocab_size: int,
+        pad_token_id: int,
+        bos_token_id: int,
+        eos_token_id: int,
+        roi_dim: int | None,
+    ):
         super().__init__()
         self.languages = list(languages)
         self.model = build_mbart(backbone, vocab_size, pad_token_id, bos_token_id, eos_token_id)
-        self.pad_token_id, self.bos_token_id, self.eos_token_id = pad_token_id, bos_token_id, eos_token_id
+        self.pad_token_id, self.bos_token_id, self.eos_token_id = (
+            pad_token_id,
+            bos_token_id,
+            eos_token_id,
+        )
         d = self.model.config.d_model
         base = vocab_size
         self.tag_ids = {lang: base + i for i, lang in enumerate(self.languages)}
         self.special_ids = {name: base + len(self.languages) + i for i, name in enumerate(SPECIALS)}
         self._grow_vocabulary(base + len(self.languages) + len(SPECIALS))
         self.register_buffer("final_logits_bias", torch.zeros(self.vocab_size), persistent=True)
-        self.visual = VisualTokenizer(d, backbone["patch_size"], backbone["patch_embed_dim"], roi_dim)
+        self.visual = VisualTokenizer(
+            d, backbone["patch_size"], backbone["patch_embed_dim"], roi_dim
+        )
         self.d_model = d
 
     @property
@@ -176,8 +220,13 @@ class SingleStreamSeq2Seq(nn.Module):
         """Scaled token embeddings (× √d when the backbone scales them)."""
         return self.model.shared(ids)
 
-    def encode(self, input_ids: Tensor, attention_mask: Tensor, visual: Tensor | None = None,
-               visual_mask: Tensor | None = None) -> Encoded:
+    def encode(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        visual: Tensor | None = None,
+        visual_mask: Tensor | None = None,
+    ) -> Encoded:
         """Text only (``visual`` None) or ``[CLS] visual text`` through the shared encoder."""
         embeds, mask = self.embed(input_ids), attention_mask.bool()
         if visual is not None:
@@ -187,7 +236,9 @@ class SingleStreamSeq2Seq(nn.Module):
                 visual_mask = mask.new_ones(visual.shape[:2])
             embeds = torch.cat([cls, visual.to(embeds.dtype), embeds], 1)
             mask = torch.cat([mask.new_ones(n, 1), visual_mask.bool(), mask], 1)
-        states = self.model.encoder(inputs_embeds=embeds, attention_mask=mask.long()).last_hidden_state
+        states = self.model.encoder(
+            inputs_embeds=embeds, attention_mask=mask.long()
+        ).last_hidden_state
         return Encoded(states, mask)
 
     def combined_tokens(self, roi_tokens: Tensor, patch_tokens: Tensor) -> Tensor:
@@ -202,8 +253,9 @@ class SingleStreamSeq2Seq(nn.Module):
         """mBART's tied LM head: shared embedding matrix + ``final_logits_bias``."""
         return F.linear(states, self.model.shared.weight) + self.final_logits_bias
 
-    def translation_nll(self, encoded: Encoded, target_ids: Tensor, target_mask: Tensor,
-                        language: str) -> tuple[Tensor, Tensor]:
+    def translation_nll(
+        self, encoded: Encoded, target_ids: Tensor, target_mask: Tensor, language: str
+    ) -> tuple[Tensor, Tensor]:
         """Per-token NLL ``[N, T]`` of ``y_1..y_m [EOS]`` given ``[LAN_y] y_1..y_m`` and the encoder
         states, and the mask ``[N, T]`` of the real target tokens (the caller takes the token mean,
         over the global batch under DDP)."""
@@ -212,8 +264,10 @@ class SingleStreamSeq2Seq(nn.Module):
         decoder_in, decoder_mask = decoder_in[:, :-1], target_mask[:, :-1]
         targets = target_mask[:, 1:].bool()
         states = self.model.decoder(
-            input_ids=decoder_in, attention_mask=decoder_mask.long(),
-            encoder_hidden_states=encoded.states, encoder_attention_mask=encoded.mask.long(),
+            input_ids=decoder_in,
+            attention_mask=decoder_mask.long(),
+            encoder_hidden_states=encoded.states,
+            encoder_attention_mask=encoded.mask.long(),
         ).last_hidden_state
         logits = self.lm_logits(states).float()
         nll = F.cross_entropy(logits.transpose(1, 2), target_ids[:, 1:], reduction="none")

@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from methods.layers.batches import trim_padding
 from methods.layers.contrastive import info_nce
 from methods.layers.distillation import freeze
-from methods.layers.batches import trim_padding
 from methods.layers.encoders import TextEncoder
 
 
@@ -31,17 +31,28 @@ def masked_mean(states: Tensor, mask: Tensor) -> Tensor:
     return (states * weights).sum(1) / weights.sum(1).clamp(min=1.0)
 
 
-def translation_nll(logits: Tensor, gold: Tensor, pad_token_id: int,
-                    label_smoothing: float = 0.0) -> Tensor:
+def translation_nll(
+    logits: Tensor, gold: Tensor, pad_token_id: int, label_smoothing: float = 0.0
+) -> Tensor:
     """Sum of token NLLs over the non-pad gold positions (|y|+1 per sentence), averaged over
     the N sentences, as the paper writes L_NMT."""
-    total = F.cross_entropy(logits.flatten(0, 1), gold.flatten(), ignore_index=pad_token_id,
-                            reduction="sum", label_smoothing=label_smoothing)
+    total = F.cross_entropy(
+        logits.flatten(0, 1),
+        gold.flatten(),
+        ignore_index=pad_token_id,
+        reduction="sum",
+        label_smoothing=label_smoothing,
+    )
     return total / gold.size(0)
 
 
-def contrastive_translation_loss(src_states: Tensor, src_mask: Tensor, tgt_states: Tensor,
-                                 tgt_mask: Tensor, temperature: float = 0.1) -> Tensor:
+def contrastive_translation_loss(
+    src_states: Tensor,
+    src_mask: Tensor,
+    tgt_states: Tensor,
+    tgt_mask: Tensor,
+    temperature: float = 0.1,
+) -> Tensor:
     """L_CTL: symmetric InfoNCE between L2-normalised masked means of source and target states,
     other sentences of the batch as negatives."""
     h_src = F.normalize(masked_mean(src_states, src_mask), dim=-1)
@@ -52,8 +63,9 @@ def contrastive_translation_loss(src_states: Tensor, src_mask: Tensor, tgt_state
 def sinusoidal_positions(length: int, dim: int, device=None) -> Tensor:
     """Fixed sine/cosine position codes `[length, dim]` (the decoder has no learned positions)."""
     position = torch.arange(length, device=device, dtype=torch.float32).unsqueeze(1)
-    frequency = torch.exp(torch.arange(0, dim, 2, device=device, dtype=torch.float32)
-                          * (-math.log(10000.0) / dim))
+    frequency = torch.exp(
+        torch.arange(0, dim, 2, device=device, dtype=torch.float32) * (-math.log(10000.0) / dim)
+    )
     codes = torch.zeros(length, dim, device=device)
     codes[:, 0::2] = torch.sin(position * frequency)
     codes[:, 1::2] = torch.cos(position * frequency[: dim // 2])
@@ -64,25 +76,34 @@ class TranslationDecoder(nn.Module):
     """Pre-LN Transformer decoder whose input and output embeddings are the encoder's (frozen) word
     embedding matrix, passed to `forward`; the start symbol is a trainable target-language tag."""
 
-    def __init__(self, languages: list[str], dim: int, layers: int, heads: int, ffn: int,
-                 dropout: float):
+    def __init__(
+        self, languages: list[str], dim: int, layers: int, heads: int, ffn: int, dropout: float
+    ):
         super().__init__()
         self.languages = list(languages)
         self.language_tags = nn.Embedding(len(languages), dim)
-        nn.init.normal_(self.language_tags.weight, std=dim ** -0.5)
-        layer = nn.TransformerDecoderLayer(dim, heads, ffn, dropout, activation="gelu",
-                                           batch_first=True, norm_first=True)
+        nn.init.normal_(self.language_tags.weight, std=dim**-0.5)
+        layer = nn.TransformerDecoderLayer(
+            dim, heads, ffn, dropout, activation="gelu", batch_first=True, norm_first=True
+        )
         self.layers = nn.TransformerDecoder(layer, layers, norm=nn.LayerNorm(dim))
         self.dropout = nn.Dropout(dropout)
 
     def language_index(self, language: str) -> int:
         if language not in self.languages:
-            raise KeyError(f"target language {language!r} has no decoder tag; "
-                           f"known: {self.languages}")
+            raise KeyError(
+                f"target language {language!r} has no decoder tag; known: {self.languages}"
+            )
         return self.languages.index(language)
 
-    def forward(self, tgt_input_ids: Tensor, memory: Tensor, memory_mask: Tensor,
-                tgt_language: str, word_embeddings: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(
+        self,
+        tgt_input_ids: Tensor,
+        memory: Tensor,
+        memory_mask: Tensor,
+        tgt_language: str,
+        word_embeddings: Tensor,
+    ) -> tuple[Tensor, Tensor]:
         """Teacher-forced logits `[N, L-1, V]` and their gold ids `[N, L-1]` for targets
         `<cls> y <eos>` (right-padded), attending to `memory [N, Ls, D]` where `memory_mask`."""
         n, length = tgt_input_ids.shape
@@ -92,13 +113,19 @@ class TranslationDecoder(nn.Module):
         inputs = torch.cat([tag.expand(n, 1, dim), tokens], dim=1) * math.sqrt(dim)
         inputs = self.dropout(inputs + sinusoidal_positions(length - 1, dim, inputs.device))
         causal = nn.Transformer.generate_square_subsequent_mask(length - 1, device=inputs.device)
-        hidden = self.layers(inputs, memory, tgt_mask=causal, tgt_is_causal=True,
-                             memory_key_padding_mask=~memory_mask.bool())
+        hidden = self.layers(
+            inputs,
+            memory,
+            tgt_mask=causal,
+            tgt_is_causal=True,
+            memory_key_padding_mask=~memory_mask.bool(),
+        )
         return hidden @ word_embeddings.T, tgt_input_ids[:, 1:]
 
 
-def inverse_sqrt_factor(step: int, warmup_steps: int, decay_from_step: int,
-                        initial_ratio: float) -> float:
+def inverse_sqrt_factor(
+    step: int, warmup_steps: int, decay_from_step: int, initial_ratio: float
+) -> float:
     """LR multiplier of mCLIP's schedules: a linear ramp from `initial_ratio` over `warmup_steps`,
     then `min(1, sqrt(decay_from_step / step))`. Stage 1a and TriKD decay from the end of the
     warm-up; Stage 1b has no warm-up and anchors the decay at step 10."""
@@ -118,8 +145,10 @@ def mte_embeddings(mte: TextEncoder) -> nn.Module:
     MTE, which Stage 1 keeps frozen; other backends are refused because mCLIP's MTE is XLM-R."""
     model = getattr(mte.backbone, "model", None)
     if model is None or not hasattr(model, "embeddings") or not hasattr(model, "encoder"):
-        raise ValueError("mCLIP's multilingual text encoder must be a Hugging Face encoder "
-                         "(text encoder name 'hf' or 'hf:<name or path>')")
+        raise ValueError(
+            "mCLIP's multilingual text encoder must be a Hugging Face encoder "
+            "(text encoder name 'hf' or 'hf:<name or path>')"
+        )
     return model.embeddings
 
 
@@ -135,13 +164,21 @@ class MTEEnhancement(L.LightningModule):
     (frozen) so the next stage can be built from this checkpoint.
     """
 
-    def __init__(self, mte: TextEncoder, decoder: TranslationDecoder | None,
-                 settings: Mapping[str, Any], joint: bool, pad_token_id: int,
-                 teacher: nn.Module | None = None, ctl: bool = True):
+    def __init__(
+        self,
+        mte: TextEncoder,
+        decoder: TranslationDecoder | None,
+        settings: Mapping[str, Any],
+        joint: bool,
+        pad_token_id: int,
+        teacher: nn.Module | None = None,
+        ctl: bool = True,
+    ):
         super().__init__()
         if decoder is None and not (joint and ctl):
-            raise ValueError("Stage 1 without a decoder (no L_NMT) must be the joint stage "
-                             "with L_CTL")
+            raise ValueError(
+                "Stage 1 without a decoder (no L_NMT) must be the joint stage with L_CTL"
+            )
         self.mte, self.decoder, self.teacher = mte, decoder, teacher
         self.settings, self.joint, self.pad_token_id = dict(settings), joint, pad_token_id
         self.ctl = ctl
@@ -171,31 +208,44 @@ class MTEEnhancement(L.LightningModule):
         losses = []
         if self.decoder is not None:
             word_embeddings = self.mte.input_embeddings().weight
-            logits, gold = self.decoder(tgt_ids, source.states, source.mask, batch["tgt_language"],
-                                        word_embeddings)
+            logits, gold = self.decoder(
+                tgt_ids, source.states, source.mask, batch["tgt_language"], word_embeddings
+            )
             nmt = translation_nll(logits, gold, self.pad_token_id, self.settings["label_smoothing"])
             self.log("train/nmt", nmt, batch_size=len(src_ids))
             losses.append(nmt)
         if self.joint and self.ctl:
             target = self.mte(tgt_ids, tgt_mask)
-            ctl = contrastive_translation_loss(source.states, source.mask, target.states,
-                                               target.mask, self.settings["ctl_temperature"])
+            ctl = contrastive_translation_loss(
+                source.states,
+                source.mask,
+                target.states,
+                target.mask,
+                self.settings["ctl_temperature"],
+            )
             self.log("train/ctl", ctl, batch_size=len(src_ids))
             losses.append(self.settings["ctl_weight"] * ctl)
         return sum(losses[1:], losses[0])
 
-    def configure_gradient_clipping(self, optimizer, gradient_clip_val=None,
-                                    gradient_clip_algorithm=None) -> None:
+    def configure_gradient_clipping(
+        self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
+    ) -> None:
         clip_gradient_norm(self, self.settings["grad_clip"])
 
     def configure_optimizers(self):
         s = self.settings
         trainable = [p for p in self.parameters() if p.requires_grad]
-        optimizer = torch.optim.Adam(trainable, lr=s["lr"], betas=tuple(s["betas"]),
-                                     weight_decay=0.0)
-        factor = partial(inverse_sqrt_factor, warmup_steps=s["warmup_steps"],
-                         decay_from_step=s["decay_from_step"],
-                         initial_ratio=s["initial_lr"] / s["lr"])
+        optimizer = torch.optim.Adam(
+            trainable, lr=s["lr"], betas=tuple(s["betas"]), weight_decay=0.0
+        )
+        factor = partial(
+            inverse_sqrt_factor,
+            warmup_steps=s["warmup_steps"],
+            decay_from_step=s["decay_from_step"],
+            initial_ratio=s["initial_lr"] / s["lr"],
+        )
         scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
-        return {"optimizer": optimizer,
-                "lr_scheduler": {"scheduler": scheduler, "interval": "step"}}
+        return {
+            "optimizer": optimizer,
+            "lr_scheduler": {"scheduler": scheduler, "interval": "step"},
+        }
