@@ -195,12 +195,21 @@ class CCRDataModule(L.LightningDataModule):
     """Records -> validated splits -> batches. ``seed`` drives caption sampling choices made here
     (parallel-batch grouping); the synthetic world has its own ``synthetic.seed``. ``loader``
     (``experiments.trainer.loader_settings``: the machine's ``num_workers``, ``pin_memory``,
-    ``prefetch_factor``) sets up the training loaders; default: ``data.num_workers`` workers."""
+    ``prefetch_factor``) sets up the training loaders; default: ``data.num_workers`` workers.
+    ``eval_max_images`` (``evaluation.max_images``) keeps the first N images of the val and test
+    splits, as ``name[:N]`` split specs do, or the whole split when it has fewer."""
 
-    def __init__(self, cfg: DictConfig, seed: int = 0, loader: Mapping | None = None):
+    def __init__(
+        self,
+        cfg: DictConfig,
+        seed: int = 0,
+        loader: Mapping | None = None,
+        eval_max_images: int | None = None,
+    ):
         super().__init__()
         self.cfg = cfg
         self.seed = seed
+        self.eval_max_images = eval_max_images
         self.loader = {"num_workers": int(cfg.num_workers), **(loader or {})}
         self.languages = [str(lang) for lang in cfg.languages]
         self._records: dict[str, list[Record]] = {}
@@ -294,6 +303,16 @@ class CCRDataModule(L.LightningDataModule):
                     f"{limit} of {len(records)} records"
                 )
                 records = records[:limit]
+            if (
+                role != "train"
+                and self.eval_max_images is not None
+                and len(records) > self.eval_max_images
+            ):
+                rank_zero_info(
+                    f"{self.cfg.name}/{split}: evaluation.max_images={self.eval_max_images} "
+                    f"keeps the first {self.eval_max_images} of {len(records)} records"
+                )
+                records = records[: self.eval_max_images]
             if self.roi_store is not None:
                 records = self._with_rois(records, role, split)
             self._records[role] = records

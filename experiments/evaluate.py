@@ -4,7 +4,7 @@
 
 Overrides change evaluation settings (re-ranking depth, split, data root); the result goes to
 ``<run>/eval/<split>[-first<N>]-<scorer>/metrics.json`` (``-first<N>`` for a sliced split,
-``data.splits.test=test[:N]``), so the leaderboard shows it as its own row when its scorer or split
+``data.splits.test=test[:N]``, or an image budget, ``evaluation.max_images=N``: the same images), so the leaderboard shows it as its own row when its scorer or split
 differs, and no evaluation overwrites another's record. The checkpoint is loaded weights-only and checked before any data is read.
 """
 
@@ -55,7 +55,10 @@ def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> 
     module = stage.build(None)
     module.load_state_dict(state)
     _, first = parse_split(cfg.data.splits.get(split), f"data.splits.{split}")
-    name = f"{split}{'' if first is None else f'-first{first}'}-{scorer_label(cfg)}"  # never the full split's folder
+    limits = [
+        n for n in (first, cfg.evaluation.max_images) if n is not None
+    ]  # both cut as [:N] does
+    name = f"{split}{f'-first{min(limits)}' if limits else ''}-{scorer_label(cfg)}"  # never the full split's folder
     trainer = build_trainer(cfg, run_dir, run_dir / "eval" / name)
     loaders = StageData(data, stage)
     if split == "test":

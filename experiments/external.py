@@ -303,7 +303,7 @@ def batch_invariance(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: 
 def read_test_set(cfg: DictConfig) -> tuple[EvaluatedSet, Tensor | None]:
     """The test split's records (read and validated as for training) and, for the synthetic world,
     its graded image relevance."""
-    data = CCRDataModule(cfg.data, seed=cfg.seed)
+    data = CCRDataModule(cfg.data, seed=cfg.seed, eval_max_images=cfg.evaluation.max_images)
     records = data.records("test")
     mrv = None if cfg.data.mrv_languages is None else [str(x) for x in cfg.data.mrv_languages]
     evaluated = EvaluatedSet.from_records(

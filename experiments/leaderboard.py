@@ -144,10 +144,14 @@ def _protocol_mark(result: dict) -> str:
 
 
 def _sliced_splits(settings: dict | None) -> list[str]:
-    """``data.splits.<role>=name[:N]`` settings: a row scored on part of a split is never
-    comparable with full-split rows, so it always says so, alone in its family or not."""
+    """``data.splits.<role>=name[:N]`` and ``evaluation.max_images=N`` settings: a row scored on
+    part of a split is never comparable with full-split rows, so it always says so, alone in its
+    family or not."""
     return [
-        k for k, v in (settings or {}).items() if k.startswith("data.splits.") and "[:" in str(v)
+        k
+        for k, v in (settings or {}).items()
+        if (k.startswith("data.splits.") and "[:" in str(v))
+        or (k == "evaluation.max_images" and v is not None)
     ]
 
 

@@ -64,7 +64,12 @@ EXECUTION_ONLY = (
 # Keys added after results were published, at the value that reproduces the earlier behaviour: at
 # that value they are left out of a run's settings, so its fingerprint equals that of the earlier
 # runs of the same experiment.
-LATER_DEFAULTS = {"data.pretrained_io": None, "method.projection": "linear", "method.lit": False}
+LATER_DEFAULTS = {
+    "data.pretrained_io": None,
+    "method.projection": "linear",
+    "method.lit": False,
+    "evaluation.max_images": None,
+}
 
 
 # ---- configuration identity -------------------------------------------------------------------

@@ -61,6 +61,7 @@ class EvaluationConfig:
         256, minimum=1
     )  # captions prepared at once for cross-encoder scoring
     select_on: str | None = None  # a val report key (en/mR): test the final stage's best step
+    max_images: int | None = bounded(None, minimum=1)  # val/test keep their first N images (budget)
 
 
 @dataclass

@@ -91,7 +91,12 @@ class StageData(L.LightningDataModule):
 def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataModule:
     """The datamodule with the train split (tokenizer, labels) and every split in ``roles`` that
     the data defines read and validated now, before anything trains."""
-    data = CCRDataModule(cfg.data, seed=cfg.seed, loader=loader_settings(cfg))
+    data = CCRDataModule(
+        cfg.data,
+        seed=cfg.seed,
+        loader=loader_settings(cfg),
+        eval_max_images=cfg.evaluation.max_images,
+    )
     data.prepare_data()
     data.setup("fit")
     for role in roles:

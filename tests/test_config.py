@@ -104,6 +104,53 @@ def test_the_cpu_preset_takes_the_methods_thread_count_and_it_is_execution_only(
     assert config_fingerprint(one_thread) == config_fingerprint(rc3)  # same experiment, same row
 
 
+def test_the_cpu_preset_takes_the_methods_validation_cadence_and_the_command_line_wins():
+    rc3, clip = compose(["method=rc3"]), compose(["method=clip"])
+    assert rc3.trainer.check_val_every_n_epoch == 3 and clip.trainer.check_val_every_n_epoch == 1
+    assert (
+        compose(["method=rc3", "method.check_val_every_n_epoch=2"]).trainer.check_val_every_n_epoch
+        == 2
+    )
+    assert (
+        compose(["method=rc3", "trainer.check_val_every_n_epoch=1"]).trainer.check_val_every_n_epoch
+        == 1
+    )
+    assert (
+        compose(["method=rc3", "trainer=gpu"]).trainer.check_val_every_n_epoch == 5
+    )  # the gpu preset's own
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("0", "must be >= 1"),
+        ("-5", "must be >= 1"),
+        ("many", "Value 'many' of type 'str' could not be converted"),
+    ],
+)
+def test_an_image_budget_below_one_or_not_a_number_is_a_one_line_error_naming_the_key(
+    value, reason
+):
+    with pytest.raises(ConfigError) as err:
+        compose(["method=rc3", f"evaluation.max_images={value}"])
+    message = str(err.value)
+    assert "'evaluation.max_images'" in message and reason in message and "\n" not in message
+
+
+def test_rc3s_cpu_preset_scores_the_first_100_images_and_its_paper_preset_every_image():
+    from experiments.runs import config_fingerprint, experiment_settings
+
+    rc3, paper = compose(["method=rc3"]), compose(["method=rc3_paper"])
+    assert (rc3.evaluation.max_images, paper.evaluation.max_images) == (100, None)
+    assert compose(["method=clip"]).evaluation.max_images is None
+    every_pair = compose(["method=rc3", "evaluation.max_images=null"])
+    assert config_fingerprint(every_pair) != config_fingerprint(rc3)  # it changes the scores
+    assert experiment_settings(rc3)["evaluation.max_images"] == 100
+    assert "evaluation.max_images" not in experiment_settings(
+        every_pair
+    )  # null: as runs before the key
+
+
 def test_a_stored_config_that_is_a_yaml_list_is_a_one_line_error_naming_the_file(tmp_path):
     path = tmp_path / "config.yaml"
     path.write_text("- seed: 1\n")

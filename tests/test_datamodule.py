@@ -156,6 +156,62 @@ def test_a_sliced_split_evaluates_its_first_records_only(dm, tmp_path):
     )
 
 
+def _batches(loaders):
+    return [batch for loader in loaders for batch in loader]
+
+
+def test_an_image_budget_evaluates_exactly_what_sliced_val_and_test_splits_evaluate(dm):
+    """``evaluation.max_images=4`` gives the val and test loaders and views that
+    ``data.splits.{val,test}=<split>[:4]`` gives (so every score is the same), and leaves train whole."""
+    budget = CCRDataModule(dm.cfg.copy(), seed=0, eval_max_images=4)
+    cfg = dm.cfg.copy()
+    cfg.splits.val, cfg.splits.test = "val[:4]", "test[:4]"
+    sliced = CCRDataModule(cfg, seed=0)
+    for module in (budget, sliced):
+        module.prepare_data()
+        module.setup("fit")
+    for role in ("val", "test"):
+        got, want = budget.eval_view(role), sliced.eval_view(role)
+        assert got.image_ids == want.image_ids == dm.eval_view(role).image_ids[:4]
+        assert (got.captions, got.caption_language) == (want.captions, want.caption_language)
+        assert torch.equal(got.caption_image, want.caption_image) and torch.equal(
+            got.relevance, want.relevance
+        )
+    for got, want in zip(
+        _batches(budget.val_dataloader() + budget.test_dataloader()),
+        _batches(sliced.val_dataloader() + sliced.test_dataloader()),
+        strict=True,
+    ):
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+    assert len(budget.records("train")) == len(dm.records("train")) == 32
+
+
+def test_an_image_budget_larger_than_a_split_keeps_the_whole_split(dm):
+    budget = CCRDataModule(dm.cfg.copy(), seed=0, eval_max_images=8)  # val has 6 images, test 10
+    assert [r.id for r in budget.records("val")] == [r.id for r in dm.records("val")]
+    assert [r.id for r in budget.records("test")] == [r.id for r in dm.records("test")][:8]
+
+
+def test_the_run_datamodule_takes_the_image_budget_from_the_evaluation_section(monkeypatch):
+    from experiments import train
+    from experiments.config import compose
+
+    made = []
+
+    class Recorder:
+        def __init__(self, cfg, seed=0, loader=None, **kwargs):
+            made.append(kwargs)
+
+        def prepare_data(self): ...
+        def setup(self, stage): ...
+        def check_split(self, role): ...
+
+    monkeypatch.setattr(train, "CCRDataModule", Recorder)
+    train.build_datamodule(compose(["method=rc3"]))
+    train.build_datamodule(compose(["method=rc3", "evaluation.max_images=null"]))
+    assert made == [{"eval_max_images": 100}, {"eval_max_images": None}]
+
+
 @pytest.mark.parametrize(
     "spec, error",
     [("test[:0]", "N >= 1"), ("test[1:]", "optionally with"), ("test[:11]", "has only 10 records")],

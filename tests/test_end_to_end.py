@@ -279,3 +279,15 @@ def test_an_evaluation_on_part_of_the_split_gets_its_own_record(uninterrupted):
     assert part_record["metrics"] == part != full
     assert part_record["config"]["data"]["splits"]["test"] == "test[:4]"
     assert part_record["config_fingerprint"] != full_record["config_fingerprint"]
+
+
+@pytest.mark.slow
+def test_an_image_budget_scores_exactly_what_the_sliced_split_scores(uninterrupted):
+    """``evaluation.max_images=4`` reports the very values of ``data.splits.test=test[:4]``, in the
+    same ``eval/test-first4-itc`` folder, with the budget in the recorded config."""
+    ckpt = Path(uninterrupted["checkpoint"])
+    part = evaluate(ckpt, ["data.splits.test=test[:4]"])
+    budget = evaluate(ckpt, ["evaluation.max_images=4"])
+    record = json.loads((ckpt.parents[1] / "eval" / "test-first4-itc" / "metrics.json").read_text())
+    assert budget == part and record["metrics"] == budget
+    assert record["config"]["evaluation"]["max_images"] == 4

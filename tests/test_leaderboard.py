@@ -334,6 +334,22 @@ def test_a_row_scored_on_part_of_a_split_always_names_the_slice(tmp_path):
     assert rows[("ccrk", 50.0)] == "data.splits.test=test"
 
 
+def test_a_row_scored_within_an_image_budget_always_names_the_budget(tmp_path):
+    """``evaluation.max_images=100`` cuts val and test as ``[:100]`` does: shown even alone."""
+    runs = tmp_path / "runs"
+    budget = {**_config(0), "evaluation": {"max_images": 100}}
+    _write(runs / "synthetic" / "rc3" / "s0", "rc3", 0, 40.0, config=budget)
+    _write(
+        runs / "synthetic" / "clip" / "s0",
+        "clip",
+        0,
+        30.0,
+        config={**_config(0), "evaluation": {"max_images": None}},
+    )
+    rows = {r["method"]: r["settings"] for r in build(runs, tmp_path / "out")}
+    assert rows == {"rc3": "evaluation.max_images=100", "clip": ""}
+
+
 def test_a_run_from_before_a_setting_existed_joins_the_row_of_its_default(tmp_path):
     """A config written before ``data.roi_regions`` existed reads as the default (36), which
     reproduces the old behaviour: the same experiment, one row. Another value is another row."""
