@@ -27,9 +27,9 @@ def world_keys(section: Any, prefix: str = "method") -> Iterator[str]:
     if isinstance(section, DictConfig):
         for key, value in section.items():
             if key in WORLD_FIELDS and value == WORLD:
-                yield f"{prefix}.{key}"
+                yield f"{prefix}.{str(key)}"
             elif isinstance(value, (DictConfig, ListConfig)):
-                yield from world_keys(value, f"{prefix}.{key}")
+                yield from world_keys(value, f"{prefix}.{str(key)}")
     elif isinstance(section, ListConfig):
         for index, item in enumerate(section):
             yield from world_keys(item, f"{prefix}[{index}]")
@@ -95,7 +95,7 @@ def pretrained_hf_sections(section: Any, prefix: str = "method") -> Iterator[tup
     ):
         yield f"{prefix}.name", name.removeprefix("hf:")
     for key, value in section.items():
-        yield from pretrained_hf_sections(value, f"{prefix}.{key}")
+        yield from pretrained_hf_sections(value, f"{prefix}.{str(key)}")
 
 
 def check_text_tokenizer(cfg: DictConfig) -> None:

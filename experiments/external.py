@@ -44,6 +44,7 @@ from experiments import cli, zoo
 from experiments.config import ConfigError, compose
 from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
 from experiments.runs import claim_run_dir, run_record, strict_json, write_atomic
+from experiments.zoo import ZooEntry
 from methods.layers import pretrained_dual
 from methods.layers.pretrained_dual import DualSpec, PretrainedModelError
 
@@ -113,7 +114,7 @@ class ModelSpec:
         return spec
 
     @classmethod
-    def from_zoo(cls, entry: zoo.ZooEntry, revision: str | None = None) -> ModelSpec:
+    def from_zoo(cls, entry: ZooEntry, revision: str | None = None) -> ModelSpec:
         dual = entry.spec(revision)
         return cls(
             dual.library,
@@ -167,7 +168,7 @@ class DualEncoder(Protocol):
 
     def preprocess(self, images: list[Image.Image]) -> Tensor: ...
     def encode_images(self, pixels: Tensor) -> Tensor: ...
-    def encode_texts(self, texts: list[str], language: str) -> Tensor: ...
+    def encode_texts(self, texts: list[str], language: str | None) -> Tensor: ...
 
 
 class PretrainedEncoder:
@@ -188,7 +189,7 @@ class PretrainedEncoder:
     def encode_images(self, pixels: Tensor) -> Tensor:
         return F.normalize(self.image(pixels.to(self.device)).float(), dim=-1)
 
-    def encode_texts(self, texts: list[str], language: str) -> Tensor:
+    def encode_texts(self, texts: list[str], language: str | None) -> Tensor:
         tokens = self.io.tokenize(texts, language)
         return F.normalize(
             self.text(
@@ -242,8 +243,8 @@ def encode(
     # torch's stub asks for a Dataset; a list is the map-style dataset DataLoader documents.
     items = list(enumerate(evaluated.image_paths))
     loader: DataLoader[tuple[int, str]] = DataLoader(
-        items,
-        batch_size=batch_size,  # type: ignore[arg-type]
+        items,  # type: ignore[arg-type]
+        batch_size=batch_size,
         num_workers=num_workers,
         collate_fn=_OpenedImages(encoder),
     )
@@ -279,15 +280,16 @@ def batch_invariance(encoder: DualEncoder, evaluated: EvaluatedSet, batch_size: 
     captions = [i for i, lang in enumerate(evaluated.caption_language) if lang == language]
     captions = captions[:INVARIANCE_SUBSET]
     opened = _OpenedImages(encoder)
+    image_emb, text_emb = evaluated.embeddings()
     diffs = []
     for start in range(0, len(images), INVARIANCE_BATCH):
         chunk = images[start : start + INVARIANCE_BATCH]
         pixels = opened([(i, evaluated.image_paths[i]) for i in chunk])["pixels"]
-        diffs.append((encoder.encode_images(pixels).cpu() - evaluated.image_emb[chunk]).abs().max())
+        diffs.append((encoder.encode_images(pixels).cpu() - image_emb[chunk]).abs().max())
     for start in range(0, len(captions), INVARIANCE_BATCH):
         chunk = captions[start : start + INVARIANCE_BATCH]
         emb = encoder.encode_texts([evaluated.captions[i] for i in chunk], language).cpu()
-        diffs.append((emb - evaluated.text_emb[chunk]).abs().max())
+        diffs.append((emb - text_emb[chunk]).abs().max())
     worst = torch.stack(diffs).max().item() if diffs else 0.0
     invariant = bool(worst <= INVARIANCE_ATOL)  # NaN (a batch of one under batch statistics) fails
     return {
@@ -414,7 +416,7 @@ def external_record(
 
 
 def _main(args: list[str]) -> None:
-    options = {
+    options: dict[str, str | None] = {
         "model": None,
         "pretrained": None,
         "revision": None,
@@ -424,11 +426,12 @@ def _main(args: list[str]) -> None:
     rest = []
     for arg in args:
         key, sep, value = arg.partition("=")
-        if sep and key in ("model", "pretrained", "device"):
+        if sep and key in options:
             options[key] = value
         else:
             rest.append(arg)
-    if not options.get("model"):
+    model = options["model"]
+    if not model:
         raise ConfigError(
             "usage: python -m experiments.external model=open_clip:<arch> "
             "pretrained=<tag> | model=hf:<name or path> [revision=<commit> "
@@ -437,12 +440,12 @@ def _main(args: list[str]) -> None:
     if options["remote_code"] not in ("true", "false"):
         raise ConfigError(f"remote_code={options['remote_code']!r}: expected true or false")
     spec = ModelSpec.parse(
-        options["model"],
+        model,
         options["pretrained"],
         options["revision"],
         options["remote_code"] == "true",
     )
-    score_external(spec, rest, options["device"])
+    score_external(spec, rest, options["device"] or "auto")
 
 
 def main(argv: Sequence[str] | None = None) -> None:

@@ -386,7 +386,7 @@ def scorer_label(cfg: DictConfig | Mapping) -> str:
     import methods  # here, not at the top: the leaderboard reads labels without building models
 
     try:
-        first = methods.get((cfg.get("method") or {}).get("name")).embedding_scorer
+        first = methods.get(str((cfg.get("method") or {}).get("name"))).embedding_scorer
     except KeyError:  # not a trained method of the suite (an external model's row)
         first = "itc"
     rerank_k = evaluation["rerank_k"]

@@ -93,7 +93,7 @@ class ZooEntry:
         text_length = raw.get("text_length")
         if text_length is not None and (not isinstance(text_length, int) or text_length < 2):
             raise ConfigError(f"{path}: field 'text_length' = {text_length!r}: an integer >= 2")
-        return cls(name=path.stem, source=path, **raw)
+        return cls(name=path.stem, source=path, **{str(k): v for k, v in raw.items()})
 
     def spec(self, revision: str | None = None) -> DualSpec:
         """How to load it; ``revision`` (the command line's) overrides the entry's."""
@@ -191,7 +191,8 @@ def _in_hf_cache(repo: str, filenames: Sequence[str], revision: str | None) -> b
 def _weights_cached(spec: DualSpec) -> bool:
     """Whether the weights are on this machine (a folder, or the hub / open_clip cache)."""
     if spec.library == "mclip":
-        image = DualSpec("open_clip", spec.image_model, spec.pretrained)
+        # an mclip entry names its image tower: ZooEntry.load refuses one without it
+        image = DualSpec("open_clip", str(spec.image_model), spec.pretrained)
         return _weights_cached(
             DualSpec("hf", spec.model, revision=spec.revision)
         ) and _weights_cached(image)

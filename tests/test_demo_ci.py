@@ -1,6 +1,7 @@
 """``.ci/run`` installs Debian's chromium only when it is missing and it can (root, apt-get), and a
-failed or impossible install never fails CI; ``make test`` runs in every case and its status is
-CI's. Every command the script calls is a stub on a private PATH."""
+failed or impossible install never fails CI; the gate (``make lint``, ``make typecheck``) and
+``make test-all`` run in every case and their status is CI's. Every command the script calls is a
+stub on a private PATH."""
 
 import shutil
 import stat
@@ -11,6 +12,7 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 TOOLS = ("bash", "dirname")  # the real programs the script needs besides the stubs
+GATE_AND_TESTS = ["make lint", "make typecheck", "make test-all"]  # what CI runs, in order
 
 
 def stub(folder: Path, name: str, body: str) -> None:
@@ -58,21 +60,21 @@ def test_root_with_apt_installs_chromium_then_tests(tmp_path):
     assert [c for c in calls if c != "id -u"] == [
         "apt-get update",
         "apt-get install -y chromium",
-        "make test",
+        *GATE_AND_TESTS,
     ]
     assert (tmp_path / "bin" / "chromium").exists()
 
 
 def test_an_installed_chromium_is_left_alone(tmp_path):
     done, calls = run_ci(tmp_path, uid=0, apt="works", chromium=True)
-    assert done.returncode == 0 and calls == ["make test"]
+    assert done.returncode == 0 and calls == GATE_AND_TESTS
 
 
 @pytest.mark.parametrize("uid, apt", [(1000, "works"), (0, None)])
 def test_without_root_or_apt_ci_still_tests_and_says_the_browser_tests_skip(tmp_path, uid, apt):
     done, calls = run_ci(tmp_path, uid=uid, apt=apt, chromium=False)
     assert done.returncode == 0
-    assert not any(c.startswith("apt-get") for c in calls) and calls[-1] == "make test"
+    assert not any(c.startswith("apt-get") for c in calls) and calls[-3:] == GATE_AND_TESTS
     assert (
         "chromium is missing and apt-get as root is unavailable: the browser tests will skip"
         in done.stderr
@@ -82,17 +84,18 @@ def test_without_root_or_apt_ci_still_tests_and_says_the_browser_tests_skip(tmp_
 def test_a_failed_install_does_not_fail_ci(tmp_path):
     done, calls = run_ci(tmp_path, uid=0, apt="fails", chromium=False)
     assert done.returncode == 0
-    assert calls[-1] == "make test"
+    assert calls[-3:] == GATE_AND_TESTS
     assert "apt-get install chromium failed: the browser tests will skip" in done.stderr
 
 
-def test_failing_tests_fail_ci(tmp_path):
+def test_a_failing_gate_fails_ci_before_the_tests(tmp_path):
     done, calls = run_ci(tmp_path, uid=0, apt=None, chromium=True, make_status=2)
-    assert done.returncode != 0 and calls == ["make test"]
+    assert done.returncode != 0 and calls == ["make lint"]
 
 
 def test_make_test_installs_the_dev_and_demo_extras(tmp_path):
-    """On a clean clone (no environment yet) ``make test`` installs ``.[dev,demo]`` first."""
+    """On a clean clone (no environment yet) ``make test`` installs ``.[dev,demo]`` first, at the
+    pinned versions of the constraints file."""
     dry = subprocess.run(
         ["make", "-n", "test", f"VENV={tmp_path / 'venv'}"],
         cwd=REPO,
@@ -101,7 +104,8 @@ def test_make_test_installs_the_dev_and_demo_extras(tmp_path):
         timeout=60,
     )
     assert dry.returncode == 0, dry.stderr
-    assert f'{tmp_path / "venv"}/bin/python -m pip install --quiet -e ".[dev,demo]"' in dry.stdout
+    install = "-m pip install --quiet -c requirements/constraints.txt -e \".[dev,demo]\""
+    assert f"{tmp_path / 'venv'}/bin/python {install}" in dry.stdout
 
 
 def test_the_demo_extra_names_gradio_and_its_client():
