@@ -39,8 +39,9 @@ def build(name, chunks, dropout=0.0, **method_overrides):
     """clip or ccrk from its preset on random tiny encoders, seeded, with ``grad_cache_chunks``."""
     method = OmegaConf.load(CONFIGS / "method" / f"{name}.yaml")
     method.pop("optim", None)
-    if name == "ccrk":
+    if name == "ccrk":  # a random fusion: the tiny text encoder has no pretrained layers to seed it
         method.ablation = None
+        method.fusion.init_from_text_layers, method.fusion.heads = None, 4
     method = OmegaConf.merge(method, method_overrides)
     base = OmegaConf.load(CONFIGS / "base.yaml")
     base.optim.grad_cache_chunks = chunks

@@ -143,6 +143,7 @@ def no_network(monkeypatch):
             "rc3",
             ["data.roi_features=/rois"],
             (
+                "method.backbone.pretrained=world, "  # the world's denoising-pretrained mBART
                 "method.first_stage.image_encoder.name=world, "
                 "method.first_stage.text_encoder.name=world:"
             ),
