@@ -104,7 +104,7 @@ def test_make_test_installs_the_dev_and_demo_extras(tmp_path):
         timeout=60,
     )
     assert dry.returncode == 0, dry.stderr
-    install = "-m pip install --quiet -c requirements/constraints.txt -e \".[dev,demo]\""
+    install = '-m pip install --quiet -c requirements/constraints.txt -e ".[dev,demo]"'
     assert f"{tmp_path / 'venv'}/bin/python {install}" in dry.stdout
 
 
