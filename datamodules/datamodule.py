@@ -394,6 +394,7 @@ class CCRDataModule(L.LightningDataModule):
         if self._info is not None:
             return
         tokenizer = self._build_tokenizer()
+        train: list[Record] = []  # a stream's records are not read here: its index names the labels
         if self.is_sharded:
             labels = list(self.shard_index("train").labels)
         else:
