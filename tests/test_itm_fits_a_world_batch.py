@@ -92,12 +92,14 @@ def test_ccrk_mitm_on_mined_hard_negatives_fits_a_world_batch_within_100_steps(w
 
 
 @pytest.mark.slow
-def test_rc3_itm_on_mined_hard_negatives_fits_a_world_batch_within_60_steps(world):
+def test_rc3_itm_on_mined_hard_negatives_fits_a_world_batch_within_160_steps(world):
     """RC3's ITR fine-tuning loss (the 4-way cross-entropy over ITM logits: the true pair, a random
     caption, a random image and the hard negative caption mined by the first stage) through
-    ``RC3.training_step`` on English world captions. Measured (seed 0, one thread): 1.18 at the
-    first fixed step after the warm-up (chance: ln 4 = 1.39), first below 0.2 at step 24, 0.001
-    at step 70; 60 steps (2.5x the measured 24) leaves room for rounding on other machines."""
+    ``RC3.training_step`` on English world captions, from the preset's starting point, the world's
+    pretrained mBART. Measured (seed 0, one thread): 1.12 at the first fixed step after the warm-up
+    (chance: ln 4 = 1.39), first below 0.2 at step 66, 0.075 at step 100 (from a random mBART it
+    was 24 steps: the denoising-pretrained start fits the 4-way head more slowly); 160 steps
+    (2.4x the measured 66) leaves room for rounding on other machines."""
     cfg, data = setup("rc3", world)
     module = methods.get("rc3")(cfg.method, cfg.optim, data.info, cfg.evaluation, phase=FINETUNE)
     seen = []
@@ -105,5 +107,5 @@ def test_rc3_itm_on_mined_hard_negatives_fits_a_world_batch_within_60_steps(worl
     module.finetune_losses = lambda batch: seen.append(real(batch)) or seen[-1]
     loader = data.train_dataloader(languages=["en"])
     fixed = next(iter(loader))
-    losses = fit(module, cycle(loader), fixed, lambda: seen[-1]["itr"].item(), steps=60)
-    assert min(losses) < 0.2, [round(x, 3) for x in losses[::5]]
+    losses = fit(module, cycle(loader), fixed, lambda: seen[-1]["itr"].item(), steps=160)
+    assert min(losses) < 0.2, [round(x, 3) for x in losses[::10]]
