@@ -44,9 +44,8 @@ BACKBONES_VERSION = 1
 TEXT_DIR, IMAGE_FILE, SUMMARY, SEQ2SEQ_DIR = "text", "image/model.pth", "backbones.json", "seq2seq"
 SEQ2SEQ_VERSION = 1
 # torch's intra-op threads while building: a float sum splits over threads, so the weights depend
-# on their count. One thread is what the published rows' backbones were built with (a run's lazy
-# build, after the CPU preset's cpu_threads=1; docs/reproducibility.md), so every build path and
-# machine builds those same weights.
+# on their count. One thread is what a run's lazy build has always used (the CPU preset's
+# cpu_threads=1), so every build path and machine builds the same weights (docs/reproducibility.md).
 BUILD_THREADS = 1
 
 
