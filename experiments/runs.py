@@ -27,7 +27,6 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any, cast
 
-import torch
 from omegaconf import DictConfig, OmegaConf
 
 import metrics
@@ -325,15 +324,12 @@ def load_checkpoint(path: str | Path, method: str | None = None) -> dict[str, An
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"checkpoint {path} does not exist")
+    from methods.layers.encoders import load_torch_file  # here: the leaderboard imports no models
+
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (
-        Exception
-    ) as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
-        reason = " ".join(str(err).split())[:160]
-        raise ConfigError(
-            f"{path} is not a suite checkpoint ({type(err).__name__}: {reason})"
-        ) from None
+        checkpoint = load_torch_file(path)
+    except ValueError as err:
+        raise ConfigError(f"{path} is not a suite checkpoint ({err})") from None
     if not isinstance(checkpoint, dict) or not isinstance(checkpoint.get("state_dict"), dict):
         raise ConfigError(f"{path} is not a suite checkpoint (it has no state_dict)")
     if method is not None:

@@ -49,6 +49,17 @@ def transformer_stack(
     return nn.TransformerEncoder(layer, layers, enable_nested_tensor=False)
 
 
+def load_torch_file(path: str | Path) -> object:
+    """``torch.load`` of a local file, weights only; a file torch cannot read (foreign, truncated)
+    is a ``ValueError`` saying why in one line, for the caller to name the file."""
+    try:
+        return torch.load(path, map_location="cpu", weights_only=True)
+    # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
+    except Exception as err:
+        reason = " ".join(str(err).split())[:160]
+        raise ValueError(f"{type(err).__name__}: {reason}") from None
+
+
 def load_state_dict_file(path: str | Path) -> dict[str, Tensor]:
     """Tensors of a local torch/safetensors checkpoint, unwrapping ``state_dict``/``model``; a file
     that is unreadable or holds anything but named tensors is an error naming it."""
@@ -66,14 +77,9 @@ def load_state_dict_file(path: str | Path) -> dict[str, Tensor]:
                 f"{path}: not a readable safetensors file ({err}); is it truncated?"
             ) from None
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True)
-    except (
-        Exception
-    ) as err:  # torch raises UnpicklingError, RuntimeError, EOFError... for foreign files
-        reason = " ".join(str(err).split())[:160]
-        raise ValueError(
-            f"{path}: not a readable torch checkpoint ({type(err).__name__}: {reason})"
-        ) from None
+        state = load_torch_file(path)
+    except ValueError as err:
+        raise ValueError(f"{path}: not a readable torch checkpoint ({err})") from None
     for key in ("state_dict", "model"):
         if isinstance(state, dict) and isinstance(state.get(key), dict):
             state = state[key]
