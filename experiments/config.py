@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import cast
 
+import yaml
 from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
@@ -113,7 +114,7 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
 def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     """Merge ``key=value`` overrides into ``cfg`` in struct mode; unknown keys are errors."""
     OmegaConf.set_struct(cfg, True)
-    merged = _merge(cfg, OmegaConf.from_dotlist(list(overrides)), "command line")
+    merged = _merge(cfg, _parse(overrides), "command line")
     OmegaConf.resolve(merged)
     try:
         check_bounds(merged)
@@ -124,6 +125,23 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     fit_mrv_languages(merged, explicit=any(o.startswith("data.mrv_languages=") for o in overrides))
     check_select_on(merged)
     return merged
+
+
+def _parse(overrides: Sequence[str]) -> DictConfig:
+    """``key=value`` strings as a config; a value YAML cannot read is one line naming it."""
+    try:
+        return OmegaConf.from_dotlist(list(overrides))
+    except yaml.YAMLError:
+        for override in overrides:  # find the culprit, to name it
+            try:
+                OmegaConf.from_dotlist([override])
+            except yaml.YAMLError as err:
+                reason = getattr(err, "problem", None) or type(err).__name__
+                raise ConfigError(
+                    f"override '{override}' is not valid YAML: {reason}; quote the value "
+                    f"(e.g. key='\"...\"')"
+                ) from None
+        raise
 
 
 def label_lit(cfg: DictConfig) -> None:

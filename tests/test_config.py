@@ -36,6 +36,13 @@ def test_override_without_equals_sign_is_rejected():
         compose(["seed"])
 
 
+def test_override_whose_value_is_not_yaml_is_one_line_naming_it():
+    with pytest.raises(
+        ConfigError, match=r"^override 'data\.batch_size=\{a:1' is not valid YAML: [^\n]+$"
+    ):
+        compose(["data.batch_size={a:1"])
+
+
 def test_every_trainer_preset_composes():
     for name in available("trainer"):
         cfg = compose([f"trainer={name}"])
