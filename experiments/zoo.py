@@ -76,6 +76,11 @@ class ZooEntry:
                 f"{path}: field 'revision' = {revision!r}: a commit hash (40 lower-case "
                 "hex digits) or null"
             )
+        if raw["loader"] == "open_clip" and revision is not None:
+            raise ConfigError(
+                f"{path}: field 'revision' pins a Hugging Face model; open_clip downloads "
+                "its tag's weights itself, unpinned: leave it null"
+            )
         if (
             raw["loader"] == "open_clip"
             and not raw.get("pretrained")

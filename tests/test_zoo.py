@@ -97,7 +97,45 @@ def test_every_shipped_zoo_entry_parses_and_names_a_model_its_loader_knows():
         ("mclip", "M-CLIP/XLM-Roberta-Large-Vit-B-16Plus", "laion400m_e32"),
     ]:
         assert wanted in models, wanted
-    assert entries["jina-clip-v2"].revision is None  # unverified here: refused until pinned
+    for e in entries.values():
+        if e.loader == "hf_remote":  # a shipped remote-code entry runs: it is pinned
+            assert e.revision is not None, e.name
+        if e.loader == "open_clip":  # open_clip downloads its tag unpinned: no revision applies
+            assert e.revision is None, e.name
+
+
+def test_every_pinned_shipped_zoo_entry_names_where_its_commit_came_from():
+    for path in sorted(zoo.ZOO_DIR.glob("*.yaml")):
+        (line,) = [x for x in path.read_text().splitlines() if x.startswith("revision:")]
+        value, _, comment = line.removeprefix("revision:").partition("#")
+        if value.strip() != "null":
+            assert comment.strip().startswith("from "), f"{path.name}: {line}"
+
+
+def test_a_revision_for_an_open_clip_model_is_refused_not_recorded_unapplied(
+    world, models, tmp_path, capsys, monkeypatch
+):
+    monkeypatch.setenv("CCR_ZOO_DIR", str(tmp_path / "zoo"))
+    family_entries(tmp_path / "zoo", models)
+    path = write_entry(
+        tmp_path / "zoo",
+        "pinned-open-clip",
+        loader="open_clip",
+        model=f"local-dir:{models['open_clip']}",
+        revision=COMMIT,
+    )
+    with pytest.raises(ConfigError, match=f"{path}: field 'revision' pins a Hugging Face"):
+        zoo.entry("pinned-open-clip")
+    err = run_cli(
+        [
+            "model=zoo:tiny-open-clip",
+            f"revision={COMMIT}",
+            *world_overrides(world, tmp_path / "runs"),
+        ],
+        capsys,
+    )
+    assert "revision= pins a Hugging Face model; open_clip" in err
+    assert not list(tmp_path.rglob("metrics.json"))
 
 
 @pytest.mark.parametrize(

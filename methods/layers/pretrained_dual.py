@@ -77,6 +77,11 @@ class DualSpec:
                 f"{self.label}: revision {self.revision!r} is not a commit "
                 "hash (40 lower-case hex digits)"
             )
+        if self.library == "open_clip" and self.revision is not None:
+            raise PretrainedModelError(
+                f"{self.label}: revision= pins a Hugging Face model; open_clip downloads "
+                "its tag's weights itself, unpinned (a revision would be recorded, not applied)"
+            )
         if (self.library == "mclip") != (self.image_model is not None):
             raise PretrainedModelError(
                 f"{self.label}: image_model names the open_clip image tower "
