@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from experiments import cli
 from experiments.config import CONFIG_DIR, ConfigError
+from methods.layers import pretrained_dual
 from methods.layers.pretrained_dual import COMMIT, DualSpec
 
 ZOO_DIR = CONFIG_DIR / "zoo"
@@ -259,6 +260,8 @@ def skip_reason(zoo_entry: ZooEntry) -> str | None:
             if _hub_offline()
             else f" (make eval MODEL=zoo:{zoo_entry.name} downloads it)"
         )
+    if spec.remote_code:
+        return pretrained_dual.unpinned_code(spec)
     return None
 
 

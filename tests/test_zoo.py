@@ -2,6 +2,7 @@
 models of each loader family saved here, scored on a tiny world (nothing is downloaded)."""
 
 import json
+import shutil
 from pathlib import Path
 
 import open_clip
@@ -180,6 +181,35 @@ def test_remote_code_without_a_revision_is_a_one_line_error(
     err = run_cli(["model=zoo:unpinned", *world_overrides(world, tmp_path / "runs")], capsys)
     assert "pin it with revision=<40-hex commit>" in err
     assert not list(tmp_path.rglob("metrics.json"))
+
+
+def test_remote_code_from_another_repository_is_refused_as_not_pinned_by_the_revision(
+    world, models, tmp_path, capsys, monkeypatch
+):
+    # jina-clip-v2's config names its code as "jinaai/jina-clip-implementation--modeling_clip...":
+    # transformers fetches that repository's latest code, whatever revision= pins
+    folder = tmp_path / "code-elsewhere"
+    shutil.copytree(models["hf_remote"], folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["auto_map"] = {k: f"ccr-suite-tests/tiny-code--{v}" for k, v in config["auto_map"].items()}
+    (folder / "config.json").write_text(json.dumps(config))
+    message = (
+        "takes its modelling code from ccr-suite-tests/tiny-code, which revision= does not pin"
+    )
+    err = run_cli(
+        [
+            f"model=hf:{folder}",
+            "remote_code=true",
+            f"revision={COMMIT}",
+            *world_overrides(world, tmp_path / "runs"),
+        ],
+        capsys,
+    )
+    assert message in err
+    assert not list(tmp_path.rglob("metrics.json"))
+    monkeypatch.setenv("CCR_ZOO_DIR", str(tmp_path / "zoo"))
+    write_entry(tmp_path / "zoo", "elsewhere", loader="hf_remote", model=str(folder), revision=COMMIT)
+    assert message in zoo.skip_reason(zoo.entry("elsewhere"))
 
 
 @pytest.mark.parametrize(

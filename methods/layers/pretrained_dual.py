@@ -189,7 +189,39 @@ def _reads_mask(tokenizer) -> bool:
 
 
 def _hf_kwargs(spec: DualSpec) -> dict[str, Any]:
+    if spec.remote_code:
+        reason = unpinned_code(spec)
+        if reason:
+            raise PretrainedModelError(reason)
     return {"revision": spec.revision, "trust_remote_code": spec.remote_code}
+
+
+CODE_FILES = ("config.json", "preprocessor_config.json", "tokenizer_config.json")
+
+
+def unpinned_code(spec: DualSpec) -> str | None:
+    """Why the remote code of ``spec`` is not pinned by its revision, or None. An ``auto_map``
+    class written ``<other repo>--<module.Class>`` (jina-clip-v2's is) makes transformers fetch
+    that other repository's latest code: ``revision`` pins only the model's own repository."""
+    from transformers.utils import cached_file
+
+    others = set()
+    for name in CODE_FILES:
+        path = cached_file(
+            spec.model, name, revision=spec.revision, _raise_exceptions_for_missing_entries=False
+        )
+        auto_map = json.loads(Path(path).read_text()).get("auto_map") if path else None
+        for value in (auto_map or {}).values():
+            for ref in value if isinstance(value, list) else [value]:
+                if isinstance(ref, str) and "--" in ref:
+                    others.add(ref.split("--")[0])
+    others.discard(spec.model)
+    if not others:
+        return None
+    return (
+        f"{spec.label}: its auto_map takes its modelling code from {', '.join(sorted(others))}, "
+        "which revision= does not pin (transformers would run that repository's latest code)"
+    )
 
 
 def _open_clip_model(spec: DualSpec):
