@@ -191,7 +191,9 @@ def test_remote_code_from_another_repository_is_refused_as_not_pinned_by_the_rev
     folder = tmp_path / "code-elsewhere"
     shutil.copytree(models["hf_remote"], folder)
     config = json.loads((folder / "config.json").read_text())
-    config["auto_map"] = {k: f"ccr-suite-tests/tiny-code--{v}" for k, v in config["auto_map"].items()}
+    config["auto_map"] = {
+        k: f"ccr-suite-tests/tiny-code--{v}" for k, v in config["auto_map"].items()
+    }
     (folder / "config.json").write_text(json.dumps(config))
     message = (
         "takes its modelling code from ccr-suite-tests/tiny-code, which revision= does not pin"
@@ -208,7 +210,9 @@ def test_remote_code_from_another_repository_is_refused_as_not_pinned_by_the_rev
     assert message in err
     assert not list(tmp_path.rglob("metrics.json"))
     monkeypatch.setenv("CCR_ZOO_DIR", str(tmp_path / "zoo"))
-    write_entry(tmp_path / "zoo", "elsewhere", loader="hf_remote", model=str(folder), revision=COMMIT)
+    write_entry(
+        tmp_path / "zoo", "elsewhere", loader="hf_remote", model=str(folder), revision=COMMIT
+    )
     assert message in zoo.skip_reason(zoo.entry("elsewhere"))
 
 
