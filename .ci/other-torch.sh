@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # The suite installed beside another torch minor version than the pinned one: a fresh venv gets
-# torch $OTHER_TORCH and the torchvision built for it (with whatever those two need, e.g. their CUDA
+# torch $OTHER_TORCH and the torchvision built for it (with what those two need, e.g. their CUDA
 # libraries), every other dependency at its pinned version, and the suite with --no-deps (as into a
-# researcher's environment with their own torch); then every method is imported and one clip training
-# module's tests run
-# (each method builds, trains a step and encodes; the metrics' golden values). Not part of .ci/run: it downloads a second torch (several GB for PyPI's CUDA builds).
-# torch and torchvision must come from the same build family: a CPU torch beside PyPI's CUDA
-# torchvision fails with "operator torchvision::nms does not exist". OTHER_TORCH_INDEX points pip at
-# another wheel index (e.g. PyTorch's CPU index). Run it once per dependency change:
-#   bash .ci/other-torch.sh            (torch 2.12.0 + torchvision 0.27.0 from PyPI)
+# researcher's environment with their own torch). Then every method is imported and the method and
+# metric tests run (each method builds, trains a step and encodes; the metrics' golden values).
+# Not part of .ci/run: it downloads a second torch (several GB for PyPI's CUDA builds) and takes
+# about 40 minutes here. torch and torchvision must come from the same build family: a CPU torch
+# beside PyPI's CUDA torchvision fails with "operator torchvision::nms does not exist";
+# OTHER_TORCH_INDEX points pip at another wheel index (e.g. PyTorch's CPU one). Run it once per
+# dependency change:  bash .ci/other-torch.sh   (torch 2.12.0 + torchvision 0.27.0 from PyPI)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 OTHER_TORCH=${OTHER_TORCH:-2.12.0}
