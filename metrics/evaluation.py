@@ -28,7 +28,7 @@ Cache = Tensor | Mapping[str, Tensor] | None
 PLAIN = ""  # cache key of a cache that is a single tensor
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)  # tensors: compared by identity, not elementwise
 class GroundTruth:
     """What the evaluated set is: ``caption_image`` [T] (each caption's image index),
     ``caption_language`` (T names), ``image_ids`` (I unique names), ``image_relevance`` [I, I]
