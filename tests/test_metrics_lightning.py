@@ -54,7 +54,10 @@ def test_compute_takes_no_arguments_and_gives_the_report_of_the_set():
     assert metric.compute() == expected
     assert metric.compute() == expected  # asked again (as Lightning and collections do): the same
     metric.reset()
-    with pytest.raises(RuntimeError, match="evaluation produced no images"):
+    with (
+        pytest.warns(UserWarning, match="called before the ``update``"),
+        pytest.raises(RuntimeError, match="evaluation produced no images"),
+    ):
         metric.compute()
     assert fed(metric).compute() == expected
 
