@@ -346,16 +346,17 @@ def score_external(spec: ModelSpec, overrides: Sequence[str] = (), device: str =
     with claim_run_dir(cfg) as run_dir:
         evaluated, relevance = read_test_set(cfg)
         encoder = load_encoder(spec, target)
-        evaluation = metrics.RetrievalEvaluation.from_config(cfg.evaluation, rerank_k=0)
-        batch_size = int(cfg.data.eval_batch_size)
-        encode(encoder, evaluated, batch_size, int(cfg.data.num_workers), evaluation)
-        report = evaluation.compute(
+        truth = metrics.GroundTruth(
             caption_image=evaluated.caption_image,
             caption_language=evaluated.caption_language,
             image_ids=evaluated.image_ids,
             image_relevance=relevance,
             mrv_languages=evaluated.mrv_languages,
         )
+        evaluation = metrics.RetrievalEvaluation.from_config(cfg.evaluation, truth, rerank_k=0)
+        batch_size = int(cfg.data.eval_batch_size)
+        encode(encoder, evaluated, batch_size, int(cfg.data.num_workers), evaluation)
+        report = evaluation.compute()
         invariance = batch_invariance(encoder, evaluated, batch_size)
         evaluated.save(run_dir / EMBEDDINGS)
         write_atomic(

@@ -377,11 +377,10 @@ class MCLIP(RetrievalModule):
         self.mte.eval()
         return self
 
-    def on_validation_epoch_start(self) -> None:
+    @property
+    def evaluation_metric(self) -> type[RetrievalEvaluation]:
         """The evaluation of ``method.recall_mode`` (dedup adds the reference code's recall)."""
-        self.evaluation = RECALL_MODES[self.method_cfg.recall_mode].from_config(self.eval_cfg)
-
-    on_test_epoch_start = on_validation_epoch_start
+        return RECALL_MODES[self.method_cfg.recall_mode]
 
     def encode_images(self, images: Tensor) -> Tensor:
         with torch.no_grad():

@@ -1,7 +1,7 @@
 """Retrieval metrics of CCR Suite: one chunked rank engine and everything derived from ranks."""
 
 from metrics import ranks
-from metrics.evaluation import RetrievalEvaluation
+from metrics.evaluation import GroundTruth, RetrievalEvaluation
 from metrics.functional import mean_rank_variance
 from metrics.graded import graded_ndcg, graded_ndcg_at
 from metrics.protocol import METRIC_PROTOCOL
@@ -11,6 +11,7 @@ from metrics.reranking import Reranker
 
 __all__ = [
     "METRIC_PROTOCOL",
+    "GroundTruth",
     "Reranker",
     "better_direction",
     "report_keys",

@@ -83,27 +83,14 @@ class DedupRecallEvaluation(RetrievalEvaluation):
     """``RetrievalEvaluation`` whose report also carries the dedup keys (computed from the same
     gathered embeddings, in index order)."""
 
-    def compute(  # type: ignore[override]  # takes the ground truth until issue 33 item 5
-        self,
-        *,
-        caption_image: Tensor,
-        caption_language: Sequence[str],
-        image_ids: Sequence[str],
-        **kwargs,
-    ) -> dict[str, float]:
-        report = super().compute(
-            caption_image=caption_image,
-            caption_language=caption_language,
-            image_ids=image_ids,
-            **kwargs,
-        )
-        image_emb = self._placed("images", "emb", len(image_ids))
-        text_emb = self._placed("captions", "emb", len(caption_image))
+    def compute(self) -> dict[str, float]:
+        report = super().compute()
+        image_emb = self._placed("images", "emb")
         extra = dedup_recall_report(
             image_emb,
-            text_emb,
-            caption_image.to(image_emb.device),
-            caption_language,
+            self._placed("captions", "emb"),
+            self.truth.caption_image.to(image_emb.device),
+            self.truth.caption_language,
             report,
             ks=self.ks,
             chunk_size=self.chunk_size,

@@ -68,8 +68,19 @@ def evaluate(module, rerank_k):
     text_emb = F.normalize(
         image_emb[caption_image] + 0.35 * torch.randn(len(caption_image), N, generator=gen), dim=1
     )
+    truth = metrics.GroundTruth(
+        caption_image=caption_image,
+        caption_language=[lang for lang in LANGUAGES for _ in range(N)],
+        image_ids=[str(i) for i in range(N)],
+    )
     evaluation = metrics.RetrievalEvaluation(
-        ks=(1, 3), ndcg_k=3, unimodal_ndcg_ks=(3,), chunk_size=5, rerank_k=rerank_k
+        truth,
+        ks=(1, 3),
+        ndcg_k=3,
+        unimodal_ndcg_ks=(3,),
+        chunk_size=5,
+        rerank_k=rerank_k,
+        build_reranker=module.reranker,
     )
     for order, side, emb in (
         (torch.randperm(N, generator=gen), "images", image_emb),
@@ -82,12 +93,7 @@ def evaluate(module, rerank_k):
                 else module.text_cache(ids[part], mask[part])
             )
             evaluation.update(side, part, emb[part], cache if rerank_k else None)
-    return evaluation.compute(
-        caption_image=caption_image,
-        caption_language=[lang for lang in LANGUAGES for _ in range(N)],
-        image_ids=[str(i) for i in range(N)],
-        build_reranker=module.reranker,
-    )
+    return evaluation.compute()
 
 
 @pytest.mark.parametrize("rerank_k", [3, 16])

@@ -6,7 +6,7 @@ import torch
 from test_mclip_method import BASE, DATA, method_config
 
 from methods.mclip import MCLIP
-from metrics import retrieval_report
+from metrics import GroundTruth, retrieval_report
 from metrics.dedup import DedupRecallEvaluation, dedup_recall_report
 
 KS = (1, 3, 5)
@@ -85,21 +85,16 @@ def test_non_finite_embeddings_are_an_error():
 
 
 def test_mclip_reports_dedup_recall_beside_the_standard_scores_only_when_asked():
-    module = MCLIP(method_config(recall_mode="dedup"), BASE.optim, DATA, BASE.evaluation)
-    module.on_test_epoch_start()
-    assert isinstance(module.evaluation, DedupRecallEvaluation)
-    plain = MCLIP(method_config(), BASE.optim, DATA, BASE.evaluation)
-    plain.on_test_epoch_start()
-    assert not isinstance(plain.evaluation, DedupRecallEvaluation)
     images, texts, owners, languages = random_set(5)
-    evaluation = module.evaluation
+    truth = GroundTruth(owners, languages, [str(i) for i in range(len(images))])
+    module = MCLIP(method_config(recall_mode="dedup"), BASE.optim, DATA, BASE.evaluation)
+    evaluation = module.new_evaluation(truth)
+    assert isinstance(evaluation, DedupRecallEvaluation)
+    plain = MCLIP(method_config(), BASE.optim, DATA, BASE.evaluation)
+    assert not isinstance(plain.new_evaluation(truth), DedupRecallEvaluation)
     evaluation.update("images", torch.arange(len(images)), images)
     evaluation.update("captions", torch.arange(len(texts)), texts)
-    report = evaluation.compute(
-        caption_image=owners,
-        caption_language=languages,
-        image_ids=[str(i) for i in range(len(images))],
-    )
+    report = evaluation.compute()
     standard, dedup = scores(images, texts, owners, languages, ks=tuple(BASE.evaluation.ks))
     assert {k: report[k] for k in standard} == pytest.approx(standard)
     assert {k: report[k] for k in dedup} == pytest.approx(dedup)

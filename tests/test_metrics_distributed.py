@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from metrics import RetrievalEvaluation
+from metrics import GroundTruth, RetrievalEvaluation
 
 NUM_IMAGES = 9
 LANGUAGES = ["en"] * NUM_IMAGES + ["de"] * (NUM_IMAGES - 1)  # image 8 has no "de" caption
@@ -32,21 +32,22 @@ def shares(count: int, rank: int) -> list[list[int]]:
 
 def evaluate(ranks: list[int]) -> dict[str, float]:
     image, text, caption_image, relevance = make_data()
-    metric = RetrievalEvaluation(
-        ks=(1, 5), ndcg_k=5, unimodal_ndcg_ks=(5, 20), chunk_size=4, rerank_k=0
-    )
-    for rank in ranks:
-        for batch in shares(NUM_IMAGES, rank):
-            metric.update("images", torch.tensor(batch), image[batch])
-        for batch in shares(len(caption_image), rank):
-            metric.update("captions", torch.tensor(batch), text[batch])
-    return metric.compute(
+    truth = GroundTruth(
         caption_image=caption_image,
         caption_language=LANGUAGES,
         image_ids=[str(i) for i in range(NUM_IMAGES)],
         image_relevance=relevance,
         mrv_languages=["en", "de"],
     )
+    metric = RetrievalEvaluation(
+        truth, ks=(1, 5), ndcg_k=5, unimodal_ndcg_ks=(5, 20), chunk_size=4, rerank_k=0
+    )
+    for rank in ranks:
+        for batch in shares(NUM_IMAGES, rank):
+            metric.update("images", torch.tensor(batch), image[batch])
+        for batch in shares(len(caption_image), rank):
+            metric.update("captions", torch.tensor(batch), text[batch])
+    return metric.compute()
 
 
 def worker(rank, port, queue):

@@ -244,10 +244,50 @@ class RetrievalModule(L.LightningModule):
 
     # ---- evaluation ---------------------------------------------------------------------------
 
-    def on_validation_epoch_start(self) -> None:
-        self.evaluation = metrics.RetrievalEvaluation.from_config(self.eval_cfg)
+    @property
+    def evaluation_metric(self) -> type[metrics.RetrievalEvaluation]:
+        """The metric an evaluation epoch runs (a method may report more keys with a subclass)."""
+        return metrics.RetrievalEvaluation
 
-    on_test_epoch_start = on_validation_epoch_start
+    def new_evaluation(self, truth: metrics.GroundTruth) -> metrics.RetrievalEvaluation:
+        """The metric of one evaluation of the set ``truth`` describes, scoring pairs as
+        ``evaluation.scorer`` and ``evaluation.rerank_k`` ask (the method's cross-encoder over
+        every pair, over each query's top k, or none)."""
+        if self.scores_every_pair:
+            return self.evaluation_metric.from_config(
+                self.eval_cfg,
+                truth,
+                build_pair_scores=partial(
+                    self.pair_scores,
+                    num_images=truth.num_images,
+                    num_captions=truth.num_captions,
+                ),
+            )
+        return self.evaluation_metric.from_config(
+            self.eval_cfg, truth, build_reranker=self.reranker
+        )
+
+    def on_validation_epoch_start(self) -> None:
+        self.evaluation = self.new_evaluation(self._ground_truth("val"))
+
+    def on_test_epoch_start(self) -> None:
+        self.evaluation = self.new_evaluation(self._ground_truth("test"))
+
+    def _ground_truth(self, split: str) -> metrics.GroundTruth:
+        """The evaluated split's ground truth, from the datamodule's view of it."""
+        # Lightning assigns Trainer.datamodule at run time without declaring it on the class.
+        view = self.trainer.datamodule.eval_view(split)  # type: ignore[attr-defined]
+        return metrics.GroundTruth(
+            caption_image=view.caption_image,
+            caption_language=view.caption_language,
+            image_ids=view.image_ids,
+            # uni-modal NDCG ranks the embeddings: reported beside the cross-encoder's ranks only
+            # when they are the method's own
+            image_relevance=view.relevance
+            if self.own_embeddings or not self.scores_every_pair
+            else None,
+            mrv_languages=view.mrv_languages,
+        )
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
         """Encode one batch of the image or caption loader into ``self.evaluation`` by index.
@@ -302,30 +342,12 @@ class RetrievalModule(L.LightningModule):
         self._report("test")
 
     def _report(self, split: str) -> None:
-        """Score the split from every process's rows (``metrics.RetrievalEvaluation``) and log it."""
+        """Log the split's report: ``compute()`` scores every process's rows (torchmetrics syncs
+        them), so each process logs the same values."""
         if self.trainer.sanity_checking:
             return
-        # Lightning assigns Trainer.datamodule at run time without declaring it on the class.
-        view = self.trainer.datamodule.eval_view(split)  # type: ignore[attr-defined]
-        every_pair = self.scores_every_pair
         try:
-            report = self._current_evaluation().compute(
-                caption_image=view.caption_image,
-                caption_language=view.caption_language,
-                image_ids=view.image_ids,
-                # uni-modal NDCG ranks the embeddings: reported beside the cross-encoder's ranks
-                # only when they are the method's own
-                image_relevance=view.relevance if self.own_embeddings or not every_pair else None,
-                mrv_languages=view.mrv_languages,
-                build_reranker=None if every_pair else self.reranker,
-                build_pair_scores=(
-                    lambda images, captions: self.pair_scores(
-                        images, captions, len(view.image_ids), len(view.caption_image)
-                    )
-                )
-                if every_pair
-                else None,
-            )
+            report = self._current_evaluation().compute()
         except RuntimeError as error:
             raise RuntimeError(f"{split} {error}") from error
         self.evaluation = None
