@@ -164,9 +164,11 @@ class EvalView:
         )
 
     def caption_loader(self, batch_size: int) -> DataLoader:
-        """Batches ``{"input_ids", "attention_mask": [b,L], "index": [b]}`` in order."""
+        """Batches ``{"input_ids", "attention_mask": [b,L], "index": [b], "language": [b] str}``
+        in order."""
         collate = CaptionCollate(self.tokenizer, self.max_length)
-        return self._loader(CaptionDataset(self.captions), batch_size, collate)
+        dataset = CaptionDataset(self.captions, self.caption_language)
+        return self._loader(dataset, batch_size, collate)
 
     def _loader(self, dataset, batch_size: int, collate) -> DataLoader:
         return DataLoader(

@@ -36,6 +36,7 @@ pre-trained ITM head, a diagnostic the paper never reports.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from itertools import permutations
 from pathlib import Path
@@ -326,7 +327,6 @@ class RC3(RetrievalModule):
         self.probe_image = ProjectionHead(d if own else self.first_encoders.image_dim, first.dim)
         self.probe_text = ProjectionHead(d if own else self.first_encoders.text_dim, first.dim)
         self.parallel_batches = None  # the XTCL stream, attached on the first training step
-        self._eval_split = "val"
         reads_patches = cfg.use_rxvtcl and cfg.use_weak and phase == PRETRAIN
         if cfg.visual.strict_input == "roi" and not reads_patches:
             # nothing reads raw-pixel patches: keep the patch pathway out of training (and of DDP)
@@ -706,53 +706,57 @@ class RC3(RetrievalModule):
 
     # ---- evaluation: the ITM head over every pair (the probe's embeddings under scorer=embeddings) --
 
-    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_split = "val"
-        super().validation_step(batch, batch_idx, dataloader_idx)
-
-    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_split = "test"
-        super().validation_step(batch, batch_idx, dataloader_idx)
+    # an evaluation batch's shipped ROI features (data.roi_features) and each caption's language
+    image_inputs = ("roi_features", "roi_mask")
+    caption_inputs = ("language",)
 
     def eval_visual(
-        self, images: Tensor, roi: Tensor | None = None, roi_mask: Tensor | None = None
+        self, images: Tensor, roi_features: Tensor | None = None, roi_mask: Tensor | None = None
     ) -> VisualInput:
-        """Visual tokens of evaluation images, the input kind of strict training triplets."""
-        return self.visual_tokens(images, roi, roi_mask)
+        """Visual tokens of evaluation images, the input kind of strict training triplets: the
+        images' shipped ROI features when given, else the grid regions stand in."""
+        return self.visual_tokens(images, roi_features, roi_mask)
 
-    def shipped_rois(self) -> tuple[Tensor, ...]:
-        """``(roi_features, roi_mask)`` of the evaluation batch being encoded when the data ships
-        ROI features, else nothing (the grid regions then stand in)."""
-        batch = self.eval_batch or {}
-        return (batch["roi_features"], batch["roi_mask"]) if "roi_features" in batch else ()
-
-    def encode_images(self, images: Tensor) -> Tensor:
+    def encode_images(
+        self, images: Tensor, roi_features: Tensor | None = None, roi_mask: Tensor | None = None
+    ) -> Tensor:
         if self.first_encoders is not None:
             return in_fixed_shape(
                 lambda rows: self.probe_image(self.first_encoders.image_features(rows)), images
             )
+        shipped = ()
+        if roi_features is not None:
+            if roi_mask is None:  # every region attended
+                roi_mask = roi_features.new_ones(roi_features.shape[:2], dtype=torch.bool)
+            shipped = (roi_features, roi_mask)
         return in_fixed_shape(
             lambda *rows: self.probe_image(self.image_only_features(self.eval_visual(*rows))),
             images,
-            *self.shipped_rois(),
+            *shipped,
         )
 
-    def caption_languages(self, index: Tensor) -> list[str]:
-        view = self.trainer.datamodule.eval_view(self._eval_split)
-        return [view.caption_language[int(i)] for i in index]
-
-    def tagged_captions(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Evaluation captions with their own language tags (from the evaluated view)."""
-        languages = self.caption_languages(self.eval_batch["index"])
+    def tagged_captions(
+        self, input_ids: Tensor, attention_mask: Tensor, language: Sequence[str] | None
+    ) -> Tensor:
+        """Captions with their own language tags (``language``: each row's language)."""
+        if language is None or len(language) != len(input_ids):
+            given = "none" if language is None else f"{len(language)} for {len(input_ids)} captions"
+            raise ValueError(
+                "rc3 tags every caption with its language: pass language=[one code per "
+                f"caption] (an evaluation batch's 'language'); got {given}"
+            )
         tagged = input_ids.clone()
-        for language in set(languages):
-            rows = torch.tensor([lang == language for lang in languages], device=input_ids.device)
-            tagged[rows] = self.tag(input_ids[rows], attention_mask[rows], language)
+        for code in set(language):
+            rows = torch.tensor([lang == code for lang in language], device=input_ids.device)
+            tagged[rows] = self.tag(input_ids[rows], attention_mask[rows], code)
         return tagged
 
-    def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def encode_texts(
+        self, input_ids: Tensor, attention_mask: Tensor, language: Sequence[str] | None = None
+    ) -> Tensor:
         """First-stage caption embeddings, every caption padded to ``data.max_length`` and encoded
-        in calls of one fixed shape (``in_fixed_shape``)."""
+        in calls of one fixed shape (``in_fixed_shape``). RC3's own text pass tags each caption
+        with its ``language``; a frozen first-stage encoder reads untagged captions."""
         input_ids, attention_mask = pad_to(
             input_ids, attention_mask, self.data_info.max_length, self.data_info.pad_token_id
         )
@@ -762,20 +766,24 @@ class RC3(RetrievalModule):
                 input_ids,
                 attention_mask,
             )
-        tagged = self.tagged_captions(input_ids, attention_mask)
+        tagged = self.tagged_captions(input_ids, attention_mask, language)
         return in_fixed_shape(
             lambda ids, mask: self.probe_text(self.net.encode(ids, mask).pooled),
             tagged,
             attention_mask,
         )
 
-    def image_cache(self, images: Tensor) -> dict[str, Tensor]:
-        visual = self.eval_visual(images, *self.shipped_rois())
+    def image_cache(
+        self, images: Tensor, roi_features: Tensor | None = None, roi_mask: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        visual = self.eval_visual(images, roi_features, roi_mask)
         return {"tokens": visual.tokens, "mask": visual.mask}
 
-    def text_cache(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Tensor]:
+    def text_cache(
+        self, input_ids: Tensor, attention_mask: Tensor, language: Sequence[str] | None = None
+    ) -> dict[str, Tensor]:
         return {
-            "input_ids": self.tagged_captions(input_ids, attention_mask),
+            "input_ids": self.tagged_captions(input_ids, attention_mask, language),
             "attention_mask": attention_mask,
         }
 

@@ -403,13 +403,11 @@ def test_evaluation_embeddings_do_not_depend_on_the_batch_they_come_in():
     module = build(
         "method.backbone.d_model=64", "method.backbone.heads=4", "method.backbone.ffn_dim=128"
     ).eval()
-    module.caption_languages = lambda index: ["en"] * len(index)
     batch = train_batch(n=12)
     ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
 
     def texts(rows, width):
-        module.eval_batch = {"index": torch.as_tensor(rows)}
-        return module.encode_texts(ids[rows, :width], mask[rows, :width])
+        return module.encode_texts(ids[rows, :width], mask[rows, :width], ["en"] * len(rows))
 
     def images(rows):
         return module.encode_images(batch["images"][rows])
