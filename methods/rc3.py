@@ -36,7 +36,7 @@ pre-trained ITM head, a diagnostic the paper never reports.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 from pathlib import Path
@@ -46,6 +46,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from methods.layers.base import RetrievalModule, Stage, load_state
 from methods.layers.batches import fill_to, trim_padding
@@ -73,6 +74,7 @@ ENGLISH = "en"
 FINE_TUNE_EN, PRETRAIN_ONLY = "fine-tune-en", "pretrain-only"
 PROTOCOLS = (FINE_TUNE_EN, PRETRAIN_ONLY)
 PRETRAINING_ONLY_PARTS = ("net.model.decoder.", "mlm_head.")  # what only pre-training reads
+PARALLEL = "parallel"  # the pretrain stage's parallel-text loader (XTCL)
 
 
 def resolve_settings(method) -> OmegaConf:
@@ -326,7 +328,8 @@ class RC3(RetrievalModule):
         own = self.first_encoders is None
         self.probe_image = ProjectionHead(d if own else self.first_encoders.image_dim, first.dim)
         self.probe_text = ProjectionHead(d if own else self.first_encoders.text_dim, first.dim)
-        self.parallel_batches = None  # the XTCL stream, attached on the first training step
+        self.parallel_loader: Callable[[], DataLoader] | None = None  # from the stage
+        self.parallel_batches = None  # the XTCL stream, built on the first training step
         reads_patches = cfg.use_rxvtcl and cfg.use_weak and phase == PRETRAIN
         if cfg.visual.strict_input == "roi" and not reads_patches:
             # nothing reads raw-pixel patches: keep the patch pathway out of training (and of DDP)
@@ -659,11 +662,18 @@ class RC3(RetrievalModule):
         """The XTCL batch of this step: batch ``global_step`` of the cycled parallel-text stream
         (indexed by step, so a resumed run draws the same batches)."""
         if self.parallel_batches is None:
-            datamodule = self.trainer.datamodule
-            datamodule = getattr(datamodule, "data", datamodule)  # experiments.train.StageData
-            self.parallel_batches = StepIndexedBatches(datamodule.parallel_dataloader())
+            if self.parallel_loader is None:
+                raise RuntimeError(
+                    f"rc3: XTCL (method.use_xtcl) reads parallel text, but no '{PARALLEL}' "
+                    "loader was attached (the pretrain stage's extra_loaders; attach_loaders)"
+                )
+            self.parallel_batches = StepIndexedBatches(self.parallel_loader())
         batch = self.parallel_batches.batch(int(self.global_step))
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def attach_loaders(self, loaders: Mapping[str, Callable[[], DataLoader]]) -> None:
+        """The parallel-text loader factory XTCL draws its batches from."""
+        self.parallel_loader = loaders[PARALLEL]
 
     @classmethod
     def check_config(cls, method, languages: list[str]) -> None:
@@ -681,6 +691,7 @@ class RC3(RetrievalModule):
             lambda datamodule: datamodule.train_dataloader(),
             method.pretrain.max_steps,
             "method.pretrain.max_steps" if method.pretrain.max_steps is not None else None,
+            extra_loaders=lambda datamodule: {PARALLEL: datamodule.parallel_dataloader},
         )
         if protocol == PRETRAIN_ONLY:
             return [pretrain]

@@ -51,6 +51,10 @@ class Stage:
     dataloader: Callable[[CCRDataModule], DataLoader]
     max_steps: int | None = None
     budget_key: str | None = None
+    # Loaders the module reads besides its training batches (RC3: parallel text), by name, each a
+    # factory called when first needed (inside the fit: a DDP sampler shards by the process group);
+    # the training harness hands them to the built module (``RetrievalModule.attach_loaders``).
+    extra_loaders: Callable[[CCRDataModule], Mapping[str, Callable[[], DataLoader]]] | None = None
 
 
 class RetrievalModule(L.LightningModule):
@@ -184,6 +188,11 @@ class RetrievalModule(L.LightningModule):
             "caption_chunk": int(cfg.get("caption_chunk", 256)),
             "pair_batch": int(cfg.get("pair_batch_size", 512)),
         }
+
+    def attach_loaders(self, loaders: Mapping[str, Callable[[], DataLoader]]) -> None:
+        """Receive the loader factories its stage declares (``Stage.extra_loaders``) before
+        training; a method whose stages declare none never gets any."""
+        raise TypeError(f"{type(self).__name__} reads no loaders besides its training batches")
 
     def lr_scales(self) -> dict[str, float]:
         """Learning-rate multipliers by parameter-name prefix (e.g. new heads at 2x)."""
