@@ -4,7 +4,10 @@ A method implements ``encode_images``, ``encode_texts`` and ``training_step``; o
 ``cross_encoder`` (with ``image_cache``/``text_cache`` to keep what it needs per item), which
 evaluation runs over each query's top k (``evaluation.rerank_k``) or over every pair
 (``evaluation.scorer=cross_encoder``, ``methods/layers/cross_encoder_scoring.py``), ``lr_scales``
-and ``pipeline`` (several training stages).
+and ``pipeline`` (several training stages). What its encoders read besides images or captions
+comes in the evaluation batch (``image_inputs``, ``caption_inputs``; ``methods/encoding.py``), and
+a loader besides its training batches from its stage (``Stage.extra_loaders``): a method never
+reads the harness.
 """
 
 from __future__ import annotations
