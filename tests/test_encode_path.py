@@ -48,7 +48,7 @@ METHODS = {
     "cl2cm": [],
     "mclip": [],
     "rc3": [
-        *(o for o in RC3_TINY if not o.startswith("method.visual.roi_dim")),
+        *RC3_TINY,
         "evaluation.scorer=embeddings",
         "evaluation.max_images=null",
     ],
