@@ -31,6 +31,7 @@ from .datasets import (
     TrainDataset,
     collate_images,
 )
+from .eval_split import caption_table, graded_relevance
 from .image_cache import CachedImages, cached_images
 from .parallel_batches import parallel_batches
 from .readers import captions_parallel, read_dataset
@@ -164,9 +165,11 @@ class EvalView:
         )
 
     def caption_loader(self, batch_size: int) -> DataLoader:
-        """Batches ``{"input_ids", "attention_mask": [b,L], "index": [b]}`` in order."""
+        """Batches ``{"input_ids", "attention_mask": [b,L], "index": [b], "language": [b] str}``
+        in order."""
         collate = CaptionCollate(self.tokenizer, self.max_length)
-        return self._loader(CaptionDataset(self.captions), batch_size, collate)
+        dataset = CaptionDataset(self.captions, self.caption_language)
+        return self._loader(dataset, batch_size, collate)
 
     def _loader(self, dataset, batch_size: int, collate) -> DataLoader:
         return DataLoader(
@@ -660,29 +663,15 @@ class CCRDataModule(L.LightningDataModule):
         """The evaluation view of the val or test split (built once)."""
         if role not in self._views:
             records = self.records(role)
-            languages = [
-                lang for lang in self.languages if any(lang in r.captions for r in records)
-            ]
-            captions, caption_image, caption_language = [], [], []
-            for lang in languages:
-                for index, record in enumerate(records):
-                    for text in record.captions.get(lang, []):
-                        captions.append(text)
-                        caption_image.append(index)
-                        caption_language.append(lang)
-            relevance = None
-            if records and all("scene" in r.extras for r in records):
-                relevance = synthetic.relevance_matrix(
-                    [synthetic.Scene.from_json(r.extras["scene"]) for r in records]
-                )
+            table = caption_table(records, self.languages)
             self._views[role] = EvalView(
                 image_ids=[r.id for r in records],
-                caption_image=torch.tensor(caption_image, dtype=torch.long),
-                caption_language=caption_language,
-                languages=languages,
-                relevance=relevance,
+                caption_image=table.caption_image,
+                caption_language=table.caption_language,
+                languages=table.languages,
+                relevance=graded_relevance(records),
                 image_paths=[self.image_root / r.image for r in records],
-                captions=captions,
+                captions=table.captions,
                 transform=self.images([self.image_root / r.image for r in records]),
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,

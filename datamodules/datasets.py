@@ -226,25 +226,34 @@ def collate_images(items: list[dict]) -> dict:
 
 
 class CaptionDataset(Dataset):
-    """Every caption of an evaluation view, each with its index."""
+    """Every caption of an evaluation view, each with its index and its language."""
 
-    def __init__(self, texts: list[str]):
-        self.texts = texts
+    def __init__(self, texts: list[str], languages: list[str]):
+        if len(texts) != len(languages):
+            raise ValueError(f"{len(texts)} captions but {len(languages)} caption languages")
+        self.texts, self.languages = texts, languages
 
     def __len__(self) -> int:
         return len(self.texts)
 
-    def __getitem__(self, index: int) -> tuple[str, int]:
-        return self.texts[index], index
+    def __getitem__(self, index: int) -> tuple[str, int, str]:
+        return self.texts[index], index, self.languages[index]
 
 
 class CaptionCollate:
+    """Tokenize a batch of evaluation captions; ``language`` lists each row's language (a method
+    that tags captions with their language reads it from the batch)."""
+
     def __init__(self, tokenizer: Tokenizer, max_length: int):
         self.tokenizer, self.max_length = tokenizer, max_length
 
-    def __call__(self, items: list[tuple[str, int]]) -> dict:
-        tokens = self.tokenizer([text for text, _ in items], self.max_length)
-        return {**tokens, "index": torch.tensor([i for _, i in items])}
+    def __call__(self, items: list[tuple[str, int, str]]) -> dict:
+        tokens = self.tokenizer([text for text, _, _ in items], self.max_length)
+        return {
+            **tokens,
+            "index": torch.tensor([i for _, i, _ in items]),
+            "language": [language for _, _, language in items],
+        }
 
 
 class ParallelBatches(Dataset):

@@ -21,18 +21,13 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from omegaconf import OmegaConf
 from torch import Tensor
 
-from experiments.config import ConfigError, apply_overrides, typed
-from experiments.evaluate import find_run_dir
-from experiments.runs import check_checkpoint_method, load_checkpoint, scorer_label
-from experiments.train import build_datamodule, stages_of
-from experiments.trainer import configure_threads
+from experiments.evaluate import load_last_stage
+from experiments.runs import scorer_label
+from methods.encoding import CAPTIONS, encode_batch, encode_view
 from metrics.ranks import best_positive_rank, paired_ranks
 from metrics.ties import expected_rank
-
-SPLITS = ("val", "test")
 
 
 @dataclass(frozen=True)
@@ -166,41 +161,16 @@ def language_rank_blocks(
     return t2i, i2t
 
 
-@torch.no_grad()
-def encode_split(module, view, batch_size: int) -> tuple[Tensor, Tensor]:
-    """(image embeddings [N, D], caption embeddings [T, D]) in index order, batched as evaluation
-    batches them (``data.eval_batch_size``) so each embedding is the one the metrics scored."""
-    images = torch.cat(
-        [module.encode_images(b["images"]).float() for b in view.image_loader(batch_size)]
-    )
-    texts = torch.cat(
-        [
-            module.encode_texts(b["input_ids"], b["attention_mask"]).float()
-            for b in view.caption_loader(batch_size)
-        ]
-    )
-    return images, texts
-
-
 def load_index(ckpt: Path, split: str = "test", overrides: Sequence[str] = ()) -> RetrievalIndex:
-    """Rebuild the run's last-stage module from ``ckpt`` (weights only) and encode its ``split``.
+    """Rebuild the run's last-stage module from ``ckpt`` (weights only) and encode its ``split``
+    as evaluation encodes it (``methods.encoding.encode_view``).
 
     ``overrides`` are config overrides as for ``experiments.evaluate`` (e.g. a data root)."""
-    if split not in SPLITS:
-        raise ConfigError(f"split must be one of {'|'.join(SPLITS)}, got '{split}'")
-    checkpoint = load_checkpoint(ckpt)
-    run_dir = find_run_dir(ckpt)
-    stored = typed(OmegaConf.load(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
-    cfg = apply_overrides(stored, overrides)
-    check_checkpoint_method(checkpoint, ckpt, cfg.method.name)
-    state = checkpoint["state_dict"]
-    configure_threads(cfg)
-    data = build_datamodule(cfg, roles=(split,))
-    module = stages_of(cfg, data)[-1].build(None)
-    module.load_state_dict(state)
-    module.eval()
-    view = data.eval_view(split)
-    image_emb, text_emb = encode_split(module, view, int(cfg.data.eval_batch_size))
+    restored = load_last_stage(Path(ckpt), overrides, split)
+    cfg, module = restored.cfg, restored.module
+    view = restored.data.eval_view(split)
+    batch_size = int(cfg.data.eval_batch_size)
+    image_emb, text_emb = encode_view(module, view, batch_size)
     chunk_size = int(cfg.evaluation.chunk_size)
     t2i, i2t = language_rank_blocks(
         image_emb,
@@ -215,8 +185,10 @@ def load_index(ckpt: Path, split: str = "test", overrides: Sequence[str] = ()) -
 
     @torch.no_grad()
     def encode_queries(texts: list[str]) -> Tensor:
-        tokens = tokenizer(texts, max_length)
-        return module.encode_texts(tokens["input_ids"], tokens["attention_mask"]).float()
+        """Typed queries as evaluation batches of captions (without a language: a method that
+        tags captions with theirs says it needs one)."""
+        batch = {**tokenizer(texts, max_length), "index": torch.arange(len(texts))}
+        return encode_batch(module, CAPTIONS, batch, batch_size).embeddings
 
     embeddings, scored = module.embedding_scorer, scorer_label(cfg)
     note = (

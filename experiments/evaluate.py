@@ -11,21 +11,31 @@ differs, and no evaluation overwrites another's record. The checkpoint is loaded
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from datamodules.datamodule import parse_split
+from datamodules.datamodule import CCRDataModule, parse_split
 from experiments import cli
 from experiments.config import ConfigError, apply_overrides, typed
 from experiments.runs import check_checkpoint_method, load_checkpoint, scorer_label, write_metrics
-from experiments.train import StageData, build_datamodule, last_report, stages_of
+from experiments.train import (
+    StageData,
+    build_datamodule,
+    evaluated_module,
+    last_report,
+    stages_of,
+)
 from experiments.trainer import (
     build_trainer,
     check_accelerator,
     configure_matmul_precision,
     configure_threads,
 )
+from methods.layers.base import RetrievalModule, Stage
+
+SPLITS = ("val", "test")
 
 
 def find_run_dir(ckpt: Path) -> Path:
@@ -38,22 +48,64 @@ def find_run_dir(ckpt: Path) -> Path:
     )
 
 
-def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> dict[str, float]:
-    if split not in ("val", "test"):
-        raise ConfigError(f"split must be val or test, got '{split}'")
+@dataclass
+class LastStage:
+    """A run's last-stage module rebuilt from a checkpoint, with the run's configuration (stored,
+    plus overrides) and the datamodule that evaluates it."""
+
+    cfg: DictConfig
+    run_dir: Path
+    data: CCRDataModule
+    stage: Stage
+    module: RetrievalModule
+
+
+def load_last_stage(
+    ckpt: Path,
+    overrides: Sequence[str] = (),
+    split: str = "test",
+    run_dir: Path | None = None,
+    trainer_settings: bool = False,
+) -> LastStage:
+    """Rebuild the run's last stage from ``ckpt`` (loaded weights-only and checked against the
+    run's method before any data is read) with the configuration stored in ``run_dir`` (default:
+    the nearest folder above ``ckpt`` holding ``config.yaml``) plus ``overrides``; the datamodule
+    has ``split`` read and validated. The module is in eval mode, on the CPU.
+    ``trainer_settings``: also check the run's accelerator and set its matmul precision, for a
+    caller that evaluates through the run's trainer (``evaluate``); the demo and the report
+    encode on the CPU whatever the run trained on."""
+    if split not in SPLITS:
+        raise ConfigError(f"split must be one of {'|'.join(SPLITS)}, got '{split}'")
     checkpoint = load_checkpoint(ckpt)
-    run_dir = find_run_dir(ckpt)
-    stored = typed(OmegaConf.load(run_dir / "config.yaml"), str(run_dir / "config.yaml"))
-    cfg: DictConfig = apply_overrides(stored, overrides)
+    run_dir = find_run_dir(ckpt) if run_dir is None else run_dir
+    config_path = run_dir / "config.yaml"
+    if not config_path.is_file():
+        raise FileNotFoundError(f"{run_dir} has no config.yaml")
+    cfg: DictConfig = apply_overrides(
+        typed(OmegaConf.load(config_path), str(config_path)), overrides
+    )
     check_checkpoint_method(checkpoint, ckpt, cfg.method.name)
-    check_accelerator(cfg)
-    state = checkpoint["state_dict"]
+    if trainer_settings:
+        check_accelerator(cfg)
     configure_threads(cfg)
-    configure_matmul_precision(cfg)
+    if trainer_settings:
+        configure_matmul_precision(cfg)
     data = build_datamodule(cfg, roles=(split,))
     stage = stages_of(cfg, data)[-1]
-    module = stage.build(None)
-    module.load_state_dict(state)
+    module = evaluated_module(stage.build(None), stage)
+    module.load_state_dict(checkpoint["state_dict"])
+    return LastStage(cfg, run_dir, data, stage, module.eval())
+
+
+def evaluate(ckpt: Path, overrides: Sequence[str] = (), split: str = "test") -> dict[str, float]:
+    restored = load_last_stage(ckpt, overrides, split, trainer_settings=True)
+    cfg, run_dir, data, stage, module = (
+        restored.cfg,
+        restored.run_dir,
+        restored.data,
+        restored.stage,
+        restored.module,
+    )
     _, first = parse_split(cfg.data.splits.get(split), f"data.splits.{split}")
     limits = [
         n for n in (first, cfg.evaluation.max_images) if n is not None

@@ -222,6 +222,8 @@ def _train_stages(
             step = int(load_checkpoint(resume)["global_step"])
             resumed_from = step if resumed_from is None else resumed_from
             name = f"{folder.name}-resumed-at-{step}"
+        if stage.extra_loaders is not None:
+            module.attach_loaders(stage.extra_loaders(data))
         position = TrainingPosition()
         selection = selection_checkpoint(cfg, folder) if final else None
         callbacks = [

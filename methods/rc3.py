@@ -36,6 +36,7 @@ pre-trained ITM head, a diagnostic the paper never reports.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from itertools import permutations
 from pathlib import Path
@@ -45,6 +46,7 @@ import torch.nn.functional as F
 from lightning.pytorch.utilities import rank_zero_info
 from omegaconf import OmegaConf
 from torch import Tensor, nn
+from torch.utils.data import DataLoader
 
 from methods.layers.base import RetrievalModule, Stage, load_state
 from methods.layers.batches import fill_to, trim_padding
@@ -72,6 +74,7 @@ ENGLISH = "en"
 FINE_TUNE_EN, PRETRAIN_ONLY = "fine-tune-en", "pretrain-only"
 PROTOCOLS = (FINE_TUNE_EN, PRETRAIN_ONLY)
 PRETRAINING_ONLY_PARTS = ("net.model.decoder.", "mlm_head.")  # what only pre-training reads
+PARALLEL = "parallel"  # the pretrain stage's parallel-text loader (XTCL)
 
 
 def resolve_settings(method) -> OmegaConf:
@@ -325,8 +328,8 @@ class RC3(RetrievalModule):
         own = self.first_encoders is None
         self.probe_image = ProjectionHead(d if own else self.first_encoders.image_dim, first.dim)
         self.probe_text = ProjectionHead(d if own else self.first_encoders.text_dim, first.dim)
-        self.parallel_batches = None  # the XTCL stream, attached on the first training step
-        self._eval_split = "val"
+        self.parallel_loader: Callable[[], DataLoader] | None = None  # from the stage
+        self.parallel_batches = None  # the XTCL stream, built on the first training step
         reads_patches = cfg.use_rxvtcl and cfg.use_weak and phase == PRETRAIN
         if cfg.visual.strict_input == "roi" and not reads_patches:
             # nothing reads raw-pixel patches: keep the patch pathway out of training (and of DDP)
@@ -659,11 +662,18 @@ class RC3(RetrievalModule):
         """The XTCL batch of this step: batch ``global_step`` of the cycled parallel-text stream
         (indexed by step, so a resumed run draws the same batches)."""
         if self.parallel_batches is None:
-            datamodule = self.trainer.datamodule
-            datamodule = getattr(datamodule, "data", datamodule)  # experiments.train.StageData
-            self.parallel_batches = StepIndexedBatches(datamodule.parallel_dataloader())
+            if self.parallel_loader is None:
+                raise RuntimeError(
+                    f"rc3: XTCL (method.use_xtcl) reads parallel text, but no '{PARALLEL}' "
+                    "loader was attached (the pretrain stage's extra_loaders; attach_loaders)"
+                )
+            self.parallel_batches = StepIndexedBatches(self.parallel_loader())
         batch = self.parallel_batches.batch(int(self.global_step))
         return {k: v.to(self.device) if torch.is_tensor(v) else v for k, v in batch.items()}
+
+    def attach_loaders(self, loaders: Mapping[str, Callable[[], DataLoader]]) -> None:
+        """The parallel-text loader factory XTCL draws its batches from."""
+        self.parallel_loader = loaders[PARALLEL]
 
     @classmethod
     def check_config(cls, method, languages: list[str]) -> None:
@@ -681,6 +691,7 @@ class RC3(RetrievalModule):
             lambda datamodule: datamodule.train_dataloader(),
             method.pretrain.max_steps,
             "method.pretrain.max_steps" if method.pretrain.max_steps is not None else None,
+            extra_loaders=lambda datamodule: {PARALLEL: datamodule.parallel_dataloader},
         )
         if protocol == PRETRAIN_ONLY:
             return [pretrain]
@@ -706,53 +717,57 @@ class RC3(RetrievalModule):
 
     # ---- evaluation: the ITM head over every pair (the probe's embeddings under scorer=embeddings) --
 
-    def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_split = "val"
-        super().validation_step(batch, batch_idx, dataloader_idx)
-
-    def test_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        self._eval_split = "test"
-        super().validation_step(batch, batch_idx, dataloader_idx)
+    # an evaluation batch's shipped ROI features (data.roi_features) and each caption's language
+    image_inputs = ("roi_features", "roi_mask")
+    caption_inputs = ("language",)
 
     def eval_visual(
-        self, images: Tensor, roi: Tensor | None = None, roi_mask: Tensor | None = None
+        self, images: Tensor, roi_features: Tensor | None = None, roi_mask: Tensor | None = None
     ) -> VisualInput:
-        """Visual tokens of evaluation images, the input kind of strict training triplets."""
-        return self.visual_tokens(images, roi, roi_mask)
+        """Visual tokens of evaluation images, the input kind of strict training triplets: the
+        images' shipped ROI features when given, else the grid regions stand in."""
+        return self.visual_tokens(images, roi_features, roi_mask)
 
-    def shipped_rois(self) -> tuple[Tensor, ...]:
-        """``(roi_features, roi_mask)`` of the evaluation batch being encoded when the data ships
-        ROI features, else nothing (the grid regions then stand in)."""
-        batch = self.eval_batch or {}
-        return (batch["roi_features"], batch["roi_mask"]) if "roi_features" in batch else ()
-
-    def encode_images(self, images: Tensor) -> Tensor:
+    def encode_images(
+        self, images: Tensor, roi_features: Tensor | None = None, roi_mask: Tensor | None = None
+    ) -> Tensor:
         if self.first_encoders is not None:
             return in_fixed_shape(
                 lambda rows: self.probe_image(self.first_encoders.image_features(rows)), images
             )
+        shipped = ()
+        if roi_features is not None:
+            if roi_mask is None:  # every region attended
+                roi_mask = roi_features.new_ones(roi_features.shape[:2], dtype=torch.bool)
+            shipped = (roi_features, roi_mask)
         return in_fixed_shape(
             lambda *rows: self.probe_image(self.image_only_features(self.eval_visual(*rows))),
             images,
-            *self.shipped_rois(),
+            *shipped,
         )
 
-    def caption_languages(self, index: Tensor) -> list[str]:
-        view = self.trainer.datamodule.eval_view(self._eval_split)
-        return [view.caption_language[int(i)] for i in index]
-
-    def tagged_captions(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
-        """Evaluation captions with their own language tags (from the evaluated view)."""
-        languages = self.caption_languages(self.eval_batch["index"])
+    def tagged_captions(
+        self, input_ids: Tensor, attention_mask: Tensor, language: Sequence[str] | None
+    ) -> Tensor:
+        """Captions with their own language tags (``language``: each row's language)."""
+        if language is None or len(language) != len(input_ids):
+            given = "none" if language is None else f"{len(language)} for {len(input_ids)} captions"
+            raise ValueError(
+                "rc3 tags every caption with its language: pass language=[one code per "
+                f"caption] (an evaluation batch's 'language'); got {given}"
+            )
         tagged = input_ids.clone()
-        for language in set(languages):
-            rows = torch.tensor([lang == language for lang in languages], device=input_ids.device)
-            tagged[rows] = self.tag(input_ids[rows], attention_mask[rows], language)
+        for code in set(language):
+            rows = torch.tensor([lang == code for lang in language], device=input_ids.device)
+            tagged[rows] = self.tag(input_ids[rows], attention_mask[rows], code)
         return tagged
 
-    def encode_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
+    def encode_texts(
+        self, input_ids: Tensor, attention_mask: Tensor, language: Sequence[str] | None = None
+    ) -> Tensor:
         """First-stage caption embeddings, every caption padded to ``data.max_length`` and encoded
-        in calls of one fixed shape (``in_fixed_shape``)."""
+        in calls of one fixed shape (``in_fixed_shape``). RC3's own text pass tags each caption
+        with its ``language``; a frozen first-stage encoder reads untagged captions."""
         input_ids, attention_mask = pad_to(
             input_ids, attention_mask, self.data_info.max_length, self.data_info.pad_token_id
         )
@@ -762,20 +777,24 @@ class RC3(RetrievalModule):
                 input_ids,
                 attention_mask,
             )
-        tagged = self.tagged_captions(input_ids, attention_mask)
+        tagged = self.tagged_captions(input_ids, attention_mask, language)
         return in_fixed_shape(
             lambda ids, mask: self.probe_text(self.net.encode(ids, mask).pooled),
             tagged,
             attention_mask,
         )
 
-    def image_cache(self, images: Tensor) -> dict[str, Tensor]:
-        visual = self.eval_visual(images, *self.shipped_rois())
+    def image_cache(
+        self, images: Tensor, roi_features: Tensor | None = None, roi_mask: Tensor | None = None
+    ) -> dict[str, Tensor]:
+        visual = self.eval_visual(images, roi_features, roi_mask)
         return {"tokens": visual.tokens, "mask": visual.mask}
 
-    def text_cache(self, input_ids: Tensor, attention_mask: Tensor) -> dict[str, Tensor]:
+    def text_cache(
+        self, input_ids: Tensor, attention_mask: Tensor, language: Sequence[str] | None = None
+    ) -> dict[str, Tensor]:
         return {
-            "input_ids": self.tagged_captions(input_ids, attention_mask),
+            "input_ids": self.tagged_captions(input_ids, attention_mask, language),
             "attention_mask": attention_mask,
         }
 

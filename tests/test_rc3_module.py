@@ -6,10 +6,20 @@ import copy
 
 import pytest
 import torch
-from rc3_helpers import LANGUAGES, B, Info, build, parallel_batch, train_batch, with_tiny_regions
+from rc3_helpers import (
+    LANGUAGES,
+    B,
+    Info,
+    build,
+    config,
+    parallel_batch,
+    train_batch,
+    with_tiny_regions,
+)
+from torch.utils.data import DataLoader
 
 from methods.layers.seq2seq import Encoded
-from methods.rc3 import VisualInput, mask_content
+from methods.rc3 import RC3, VisualInput, mask_content
 
 WEAK = [i % 2 == 1 for i in range(B)]
 
@@ -403,13 +413,11 @@ def test_evaluation_embeddings_do_not_depend_on_the_batch_they_come_in():
     module = build(
         "method.backbone.d_model=64", "method.backbone.heads=4", "method.backbone.ffn_dim=128"
     ).eval()
-    module.caption_languages = lambda index: ["en"] * len(index)
     batch = train_batch(n=12)
     ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
 
     def texts(rows, width):
-        module.eval_batch = {"index": torch.as_tensor(rows)}
-        return module.encode_texts(ids[rows, :width], mask[rows, :width])
+        return module.encode_texts(ids[rows, :width], mask[rows, :width], ["en"] * len(rows))
 
     def images(rows):
         return module.encode_images(batch["images"][rows])
@@ -424,3 +432,53 @@ def test_evaluation_embeddings_do_not_depend_on_the_batch_they_come_in():
             together,
         )
         assert torch.equal(images([2]), images(list(range(12)))[2:3])
+
+
+def test_xtcl_draws_step_indexed_batches_from_the_loader_its_stage_attaches():
+    """Issue 33: the parallel-text stream comes from the pretrain stage (``extra_loaders``), built
+    when first read, not from the trainer's datamodule; without it XTCL is a one-line error."""
+    cfg = config()
+    (pretrain,) = RC3.pipeline(cfg.method, cfg.optim, Info(), cfg.evaluation)[:1]
+    built = []
+
+    class Data:
+        def parallel_dataloader(self):
+            built.append(True)
+            return DataLoader([parallel_batch()], batch_size=None, sampler=OneItemSampler())
+
+    module = pretrain.build(None)
+    with pytest.raises(RuntimeError, match="no 'parallel' loader was attached"):
+        module.next_parallel_batch()
+    module.attach_loaders(pretrain.extra_loaders(Data()))
+    assert not built  # a factory: the loader is made on the first training step (after DDP init)
+    batch = module.next_parallel_batch()
+    assert built == [True]
+    assert torch.equal(batch["src_input_ids"], parallel_batch()["src_input_ids"])
+
+
+class OneItemSampler(torch.utils.data.Sampler):
+    """A one-item sampler with the ``set_epoch`` the training samplers have."""
+
+    def __init__(self):
+        self.epoch = 0
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __iter__(self):
+        return iter([0])
+
+    def __len__(self):
+        return 1
+
+
+def test_rc3s_own_text_pass_without_caption_languages_is_a_one_line_error():
+    """A module outside evaluation is given each caption's language; without it, it says so."""
+    module = build().eval()
+    batch = train_batch(n=4)
+    ids, mask = batch["input_ids"][:, 0], batch["attention_mask"][:, 0]
+    with pytest.raises(ValueError, match="rc3 tags every caption with its language"):
+        module.encode_texts(ids, mask)
+    with torch.no_grad():
+        tagged = module.encode_texts(ids, mask, ["en"] * 4)
+        assert not torch.equal(tagged, module.encode_texts(ids, mask, ["de"] * 4))

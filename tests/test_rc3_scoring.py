@@ -20,7 +20,7 @@ EVAL_LANGUAGES = LANGUAGES[:2]
 
 class TinyTestSet(L.LightningDataModule):
     """N_IMAGES images with one caption per language (language-major), as the suite's loaders give
-    them: an image loader and a caption loader, both in batches of 4."""
+    them: an image loader and a caption loader (each caption with its language), in batches of 4."""
 
     def __init__(self):
         super().__init__()
@@ -33,7 +33,12 @@ class TinyTestSet(L.LightningDataModule):
     def test_dataloader(self):
         images = [{"images": self.images[i], "index": torch.tensor(i)} for i in range(N_IMAGES)]
         texts = [
-            {"input_ids": self.ids[i], "attention_mask": self.mask[i], "index": torch.tensor(i)}
+            {
+                "input_ids": self.ids[i],
+                "attention_mask": self.mask[i],
+                "index": torch.tensor(i),
+                "language": self.caption_language[i],
+            }
             for i in range(len(self.ids))
         ]
         return [DataLoader(images, batch_size=4), DataLoader(texts, batch_size=4)]

@@ -2,8 +2,8 @@
 
 An external model's run folder stores it as ``embeddings.pt`` (written by
 ``experiments.external``); a trained run's is re-encoded from its checkpoint. The caption order is
-the evaluation view's (language by language, then record order, then caption order), so caption
-``i`` here is caption ``i`` of ``CCRDataModule.eval_view``.
+the evaluation view's (``datamodules.eval_split.caption_table``), so caption ``i`` here is caption
+``i`` of ``CCRDataModule.eval_view``.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
+from datamodules.eval_split import caption_table
 from datamodules.records import Record
 
 EMBEDDINGS = "embeddings.pt"
@@ -43,21 +44,14 @@ class EvaluatedSet:
         mrv_languages: list[str] | None,
     ) -> EvaluatedSet:
         """The split's captions in the evaluation view's order (no embeddings yet)."""
-        present = [lang for lang in languages if any(lang in r.captions for r in records)]
-        captions, caption_image, caption_language = [], [], []
-        for lang in present:
-            for index, record in enumerate(records):
-                for text in record.captions.get(lang, []):
-                    captions.append(text)
-                    caption_image.append(index)
-                    caption_language.append(lang)
+        table = caption_table(records, languages)
         return cls(
             image_ids=[r.id for r in records],
             image_paths=[_image_path(r, image_root) for r in records],
-            captions=captions,
-            caption_image=torch.tensor(caption_image, dtype=torch.long),
-            caption_language=caption_language,
-            languages=present,
+            captions=table.captions,
+            caption_image=table.caption_image,
+            caption_language=table.caption_language,
+            languages=table.languages,
             mrv_languages=mrv_languages,
         )
 

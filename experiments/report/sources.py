@@ -1,8 +1,8 @@
 """A run folder as the report reads it: its ``metrics.json`` and its evaluated test set.
 
 An external model's folder holds the embeddings (``embeddings.pt``); a trained run's are encoded
-again from the checkpoint its ``metrics.json`` names, with the run's stored configuration, through
-the evaluation view the metrics used. The report then recomputes every score from these
+again from the checkpoint its ``metrics.json`` names, with the run's stored configuration, by the
+encoding evaluation uses (``experiments.evaluate.load_last_stage``, ``methods.encoding``). The report then recomputes every score from these
 embeddings and says where they differ from ``metrics.json``.
 """
 
@@ -12,11 +12,8 @@ import json
 from dataclasses import dataclass
 from pathlib import Path
 
-import torch
-from omegaconf import OmegaConf
-
 from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
-from experiments.runs import load_checkpoint
+from methods.encoding import encode_view
 from metrics.report import retrieval_report
 
 # Scores the report does not recompute: uni-modal NDCG needs the synthetic world's relevance.
@@ -87,11 +84,10 @@ def load_run(folder: Path) -> Run:
     return Run(folder, record, evaluated, recomputed)
 
 
-@torch.no_grad()
 def encode_trained(folder: Path, record: dict) -> EvaluatedSet:
-    """The test view of a trained run, encoded by its checkpoint's dual encoder."""
-    from experiments.config import typed
-    from experiments.train import build_datamodule, evaluated_module, stages_of
+    """The test view of a trained run, encoded from the checkpoint its ``metrics.json`` names, with
+    the run's stored configuration, as evaluation encodes it (``methods.encoding.encode_view``)."""
+    from experiments.evaluate import load_last_stage
 
     checkpoint = record.get("checkpoint")
     if not checkpoint:
@@ -99,22 +95,9 @@ def encode_trained(folder: Path, record: dict) -> EvaluatedSet:
             f"{folder / 'metrics.json'}: records no checkpoint and the folder has no "
             f"{EMBEDDINGS}; nothing to rank"
         )
-    config_path = folder / "config.yaml"
-    if not config_path.is_file():
-        raise FileNotFoundError(f"{folder} has no config.yaml")
-    cfg = typed(OmegaConf.load(config_path), str(config_path))
-    data = build_datamodule(cfg, roles=("test",))
-    view = data.eval_view("test")
-    stage = stages_of(cfg, data)[-1]
-    module = evaluated_module(stage.build(None), stage)
-    module.load_state_dict(load_checkpoint(checkpoint)["state_dict"])
-    module.eval()
-    batch_size = int(cfg.data.eval_batch_size)
-    images = [module.encode_images(b["images"]).float() for b in view.image_loader(batch_size)]
-    texts = [
-        module.encode_texts(b["input_ids"], b["attention_mask"]).float()
-        for b in view.caption_loader(batch_size)
-    ]
+    restored = load_last_stage(Path(checkpoint), split="test", run_dir=folder)
+    view = restored.data.eval_view("test")
+    image_emb, text_emb = encode_view(restored.module, view, int(restored.cfg.data.eval_batch_size))
     return EvaluatedSet(
         image_ids=list(view.image_ids),
         image_paths=[str(p) for p in view.image_paths],
@@ -123,6 +106,6 @@ def encode_trained(folder: Path, record: dict) -> EvaluatedSet:
         caption_language=list(view.caption_language),
         languages=list(view.languages),
         mrv_languages=view.mrv_languages,
-        image_emb=torch.cat(images),
-        text_emb=torch.cat(texts),
+        image_emb=image_emb,
+        text_emb=text_emb,
     )

@@ -4,7 +4,10 @@ A method implements ``encode_images``, ``encode_texts`` and ``training_step``; o
 ``cross_encoder`` (with ``image_cache``/``text_cache`` to keep what it needs per item), which
 evaluation runs over each query's top k (``evaluation.rerank_k``) or over every pair
 (``evaluation.scorer=cross_encoder``, ``methods/layers/cross_encoder_scoring.py``), ``lr_scales``
-and ``pipeline`` (several training stages).
+and ``pipeline`` (several training stages). What its encoders read besides images or captions
+comes in the evaluation batch (``image_inputs``, ``caption_inputs``; ``methods/encoding.py``), and
+a loader besides its training batches from its stage (``Stage.extra_loaders``): a method never
+reads the harness.
 """
 
 from __future__ import annotations
@@ -26,17 +29,15 @@ from torch.optim.lr_scheduler import LambdaLR
 from torch.utils.data import DataLoader
 
 import metrics
-from methods.layers.batches import fill_rows, first_rows
+from methods.encoding import CAPTIONS, IMAGES, encode_batch
 from methods.layers.cross_encoder_scoring import PairScorer, TopKRescorer, score_matrix
 from methods.layers.optim import SCHEDULES, param_groups, warmup_step_count
 
 if TYPE_CHECKING:
     from datamodules.datamodule import CCRDataModule
 
-EVAL_SIDES = (
-    "images",
-    "captions",
-)  # evaluation dataloaders, in order: [image_loader, caption_loader]
+# evaluation dataloaders, in order: [image_loader, caption_loader]
+EVAL_SIDES = (IMAGES, CAPTIONS)
 CROSS_ENCODER = (
     "cross_encoder"  # evaluation.scorer: every pair scored by the method's cross-encoder
 )
@@ -53,6 +54,10 @@ class Stage:
     dataloader: Callable[[CCRDataModule], DataLoader]
     max_steps: int | None = None
     budget_key: str | None = None
+    # Loaders the module reads besides its training batches (RC3: parallel text), by name, each a
+    # factory called when first needed (inside the fit: a DDP sampler shards by the process group);
+    # the training harness hands them to the built module (``RetrievalModule.attach_loaders``).
+    extra_loaders: Callable[[CCRDataModule], Mapping[str, Callable[[], DataLoader]]] | None = None
 
 
 class RetrievalModule(L.LightningModule):
@@ -80,6 +85,10 @@ class RetrievalModule(L.LightningModule):
     own_embeddings = True  # False: those embeddings are a helper the method does not define
 
     method_name: ClassVar[str]  # the name it is registered under (``methods.register``)
+    # Evaluation batch keys besides images / captions that the encoders and caches take as
+    # keyword arguments, passed when a batch holds them (``methods.encoding.side_inputs``).
+    image_inputs: ClassVar[tuple[str, ...]] = ()
+    caption_inputs: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, method, optim, data, evaluation) -> None:
         super().__init__()
@@ -106,7 +115,6 @@ class RetrievalModule(L.LightningModule):
         self.last_report: dict[str, float] | None = None
         self.evaluation: metrics.RetrievalEvaluation | None = None  # one per evaluation epoch
         self._last_batch_end: float | None = None
-        self.eval_batch: dict | None = None  # the evaluation batch being encoded (None outside)
         if self.grad_cache_chunks > 1 and not self.supports_grad_cache:
             raise ValueError(
                 f"optim.grad_cache_chunks={self.grad_cache_chunks}: {type(self).__name__} does "
@@ -183,6 +191,11 @@ class RetrievalModule(L.LightningModule):
             "caption_chunk": int(cfg.get("caption_chunk", 256)),
             "pair_batch": int(cfg.get("pair_batch_size", 512)),
         }
+
+    def attach_loaders(self, loaders: Mapping[str, Callable[[], DataLoader]]) -> None:
+        """Receive the loader factories its stage declares (``Stage.extra_loaders``) before
+        training; a method whose stages declare none never gets any."""
+        raise TypeError(f"{type(self).__name__} reads no loaders besides its training batches")
 
     def lr_scales(self) -> dict[str, float]:
         """Learning-rate multipliers by parameter-name prefix (e.g. new heads at 2x)."""
@@ -290,32 +303,14 @@ class RetrievalModule(L.LightningModule):
         )
 
     def validation_step(self, batch: dict, batch_idx: int, dataloader_idx: int = 0) -> None:
-        """Encode one batch of the image or caption loader into ``self.evaluation`` by index.
-
-        A short batch is filled up to its loader's batch size with copies of its first row, whose
-        outputs are dropped: CPU kernels round differently for different shapes, and a DDP run's
-        shards end in other short batches than one process does, so without one shape an item's
-        embedding (and near-tied rankings) would depend on how the set was sharded.
-        ``self.eval_batch`` holds the whole filled batch while it is encoded, for methods whose
-        encoding depends on the item (its ``index``, e.g. for its language) or reads more than
-        images or captions (e.g. an image's shipped ``roi_features``)."""
+        """Encode one batch of the image or caption loader into ``self.evaluation`` by index,
+        filled up to its loader's batch size (``methods.encoding.encode_batch``)."""
         rerank = (
             self.eval_cfg.rerank_k > 0 or self.scores_every_pair
         )  # keep the cross-encoder's caches
         side = EVAL_SIDES[dataloader_idx]
-        count = len(batch["index"])
-        batch = fill_rows(batch, self._eval_batch_size(dataloader_idx))
-        self.eval_batch = batch
-        if side == "images":
-            emb = self.encode_images(batch["images"])
-            cache = self.image_cache(batch["images"]) if rerank else None
-        else:
-            emb = self.encode_texts(batch["input_ids"], batch["attention_mask"])
-            cache = self.text_cache(batch["input_ids"], batch["attention_mask"]) if rerank else None
-        self.eval_batch = None
-        self._current_evaluation().update(
-            side, batch["index"][:count], emb[:count].float(), first_rows(cache, count)
-        )
+        encoded = encode_batch(self, side, batch, self._eval_batch_size(dataloader_idx), rerank)
+        self._current_evaluation().update(side, encoded.index, encoded.embeddings, encoded.cache)
 
     def _current_evaluation(self) -> metrics.RetrievalEvaluation:
         """The evaluation the epoch's start hook created; an error outside an evaluation epoch."""

@@ -42,14 +42,20 @@ def fill_to(rows: int, tensor: Tensor) -> Tensor:
 
 
 def fill_rows(batch: dict[str, Any], rows: int | None) -> dict[str, Any]:
-    """``batch`` with every tensor filled up to ``rows`` rows (``fill_to``); ``rows`` None, or a
-    batch already that long, comes back as it is."""
-    if rows is None or len(batch["index"]) >= rows:
+    """``batch`` with every tensor and every per-row list (e.g. the captions' ``language``) filled
+    up to ``rows`` rows with copies of its first row (``fill_to``); ``rows`` None, or a batch
+    already that long, comes back as it is."""
+    count = len(batch["index"])
+    if rows is None or count >= rows:
         return batch
-    return {
-        key: fill_to(rows, value) if torch.is_tensor(value) else value
-        for key, value in batch.items()
-    }
+    filled = {}
+    for key, value in batch.items():
+        if torch.is_tensor(value):
+            value = fill_to(rows, value)
+        elif isinstance(value, list) and len(value) == count:
+            value = value + value[:1] * (rows - count)
+        filled[key] = value
+    return filled
 
 
 def first_rows(value: Tensor | Mapping[str, Tensor] | None, count: int):
