@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 .PHONY: pretrain
 pretrain: $(STAMP)  # the default world and its pretrained backbones (cached; a run also builds them)
-	$(PY) -m datamodules.synthetic.backbones $(ARGS)
+	$(PY) -m experiments.pretrain $(ARGS)
 
 train: $(STAMP)
 	$(PY) -m experiments.train method=$(METHOD) data=$(DATA) trainer=$(TRAINER) $(ARGS)

@@ -39,7 +39,6 @@ from torch.utils.data import DataLoader
 
 import metrics
 from datamodules.datamodule import CCRDataModule
-from datamodules.synthetic import Scene, relevance_matrix
 from experiments import cli, zoo
 from experiments.config import ConfigError, compose
 from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
@@ -311,10 +310,7 @@ def read_test_set(cfg: DictConfig) -> tuple[EvaluatedSet, Tensor | None]:
     evaluated = EvaluatedSet.from_records(
         records, [str(x) for x in cfg.data.languages], data.image_root, mrv
     )
-    relevance = None
-    if records and all("scene" in r.extras for r in records):
-        relevance = relevance_matrix([Scene.from_json(r.extras["scene"]) for r in records])
-    return evaluated, relevance
+    return evaluated, data.relevance("test")
 
 
 def external_config(spec: ModelSpec, overrides: Sequence[str]) -> DictConfig:

@@ -27,6 +27,7 @@ from experiments.config import ConfigError, compose
 from experiments.curves import ValidationCurve, run_curve
 from experiments.encoder_checks import check_encoders
 from experiments.loggers import check_loggers
+from experiments.pretrain.backbones import with_backbones
 from experiments.runs import (
     checkpoints_in,
     claim_run_dir,
@@ -107,7 +108,7 @@ def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataMo
 
 def stages_of(cfg: DictConfig, data: CCRDataModule) -> list[Stage]:
     method_cls = methods.get(cfg.method.name)
-    return method_cls.pipeline(cfg.method, cfg.optim, data.info, cfg.evaluation)
+    return method_cls.pipeline(cfg.method, cfg.optim, with_backbones(data), cfg.evaluation)
 
 
 def checkpoint_dir(run_dir: Path, stages: Sequence[Stage], stage: Stage) -> Path:

@@ -11,9 +11,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from ..datasets import ImageTransform
-from ..records import Record
-from .scene import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, SIZES, Scene
+from datamodules.datasets import ImageTransform
+from datamodules.records import Record
+from datamodules.synthetic.scene import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, SIZES, Scene
 
 
 @dataclass(frozen=True)
