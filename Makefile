@@ -43,7 +43,7 @@ eval: $(STAMP)
 # Scores every model of experiments/configs/zoo/ whose weights are already in the local cache on DATA
 # (one row each) and lists the others with the reason they were skipped; it fetches no weights.
 eval-zoo: $(STAMP)
-	$(PY) -m experiments.zoo data=$(DATA) $(ARGS)
+	$(PY) -m experiments.eval_zoo data=$(DATA) $(ARGS)
 
 # RUN=<run folder>[,<run folder>]: the consistency report (HTML + per-instance ranks CSV).
 report: $(STAMP)

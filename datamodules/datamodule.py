@@ -198,7 +198,9 @@ class CCRDataModule(L.LightningDataModule):
     (``experiments.trainer.loader_settings``: the machine's ``num_workers``, ``pin_memory``,
     ``prefetch_factor``) sets up the training loaders; default: ``data.num_workers`` workers.
     ``eval_max_images`` (``evaluation.max_images``) keeps the first N images of the val and test
-    splits, as ``name[:N]`` split specs do, or the whole split when it has fewer."""
+    splits, as ``name[:N]`` split specs do, or the whole split when it has fewer.
+    ``load_pretrained_io`` loads a pretrained model's own preprocessing and tokenizer when
+    ``data.pretrained_io`` names one (the harness passes it: the data package loads no model)."""
 
     def __init__(
         self,
@@ -206,6 +208,7 @@ class CCRDataModule(L.LightningDataModule):
         seed: int = 0,
         loader: Mapping | None = None,
         eval_max_images: int | None = None,
+        load_pretrained_io: pretrained_io.LoadPretrainedIO | None = None,
     ):
         super().__init__()
         self.cfg = cfg
@@ -222,6 +225,7 @@ class CCRDataModule(L.LightningDataModule):
         self._token_counts: dict[str, int] = {}  # sentence -> tokens, for token-counted batches
         self._roi_store: RoiStore | None = None
         self._roi_keys: dict[str, dict[str, str]] = {}  # role -> record id -> ROI store key
+        self._load_pretrained_io = load_pretrained_io
         self._pretrained_io: pretrained_io.PretrainedIO | None = None
 
     # ---- where the data is --------------------------------------------------------------------
@@ -447,7 +451,15 @@ class CCRDataModule(L.LightningDataModule):
         """The pretrained model's own preprocessing and tokenizer (``data.pretrained_io``), or None."""
         spec = self.cfg.get("pretrained_io")
         if spec is not None and self._pretrained_io is None:
-            self._pretrained_io = pretrained_io.load(OmegaConf.to_container(spec, resolve=True))
+            if self._load_pretrained_io is None:
+                raise ValueError(
+                    "data.pretrained_io is set, but this datamodule was given no loader for a "
+                    "pretrained model's preprocessing (CCRDataModule(load_pretrained_io=...), "
+                    "as experiments.train.build_datamodule passes)"
+                )
+            self._pretrained_io = self._load_pretrained_io(
+                OmegaConf.to_container(spec, resolve=True)
+            )
         return self._pretrained_io
 
     def _build_tokenizer(self) -> Tokenizer:

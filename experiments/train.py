@@ -12,9 +12,9 @@ zero steps, or whose loss becomes non-finite, stops with an error and writes no 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence, Sized
+from collections.abc import Mapping, Sequence, Sized
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import lightning as L
 from omegaconf import DictConfig
@@ -54,6 +54,7 @@ from experiments.trainer import (
     loader_settings,
 )
 from methods.layers.base import RetrievalModule, Stage
+from methods.layers.pretrained_dual import DualSpec, PretrainedIO, load_io
 
 DONE = "done.ckpt"
 ROLES = ("train", "val", "test")
@@ -97,6 +98,7 @@ def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataMo
         seed=cfg.seed,
         loader=loader_settings(cfg),
         eval_max_images=cfg.evaluation.max_images,
+        load_pretrained_io=load_pretrained_io,
     )
     data.prepare_data()
     data.setup("fit")
@@ -104,6 +106,11 @@ def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataMo
         if role == "test" or cfg.data.splits.get(role) is not None:
             data.check_split(role)
     return data
+
+
+def load_pretrained_io(spec: Mapping[str, Any]) -> PretrainedIO:
+    """``data.pretrained_io``: the pretrained model's own preprocessing and tokenizer."""
+    return load_io(DualSpec.from_mapping(dict(spec)))
 
 
 def stages_of(cfg: DictConfig, data: CCRDataModule) -> list[Stage]:

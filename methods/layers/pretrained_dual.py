@@ -190,7 +190,7 @@ def _hf_kwargs(spec: DualSpec) -> dict[str, Any]:
 def _open_clip_model(spec: DualSpec):
     import open_clip
 
-    from methods.layers.encoders import load_state_dict_file
+    from methods.layers.weights import load_state_dict_file
 
     local = Path(spec.pretrained) if spec.pretrained else None
     weights = [local] if local is not None and local.is_file() else []
@@ -315,7 +315,7 @@ def _mclip_model(spec: DualSpec) -> tuple[MClipDual, Any]:
             break
     if not weights:
         raise PretrainedModelError(f"{spec.label}: no model.safetensors or pytorch_model.bin")
-    from methods.layers.encoders import load_state_dict_file
+    from methods.layers.weights import load_state_dict_file
 
     state = {}
     for key, value in load_state_dict_file(weights).items():
