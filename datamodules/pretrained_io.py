@@ -20,7 +20,9 @@ class PretrainedIO(Protocol):
     spec: Any  # names the model (``spec.label``)
     tokenizer: Any
     text_length: int
-    pad_token_id: int
+
+    @property
+    def pad_token_id(self) -> int: ...
 
     def preprocess(self, images: list[Image.Image]) -> torch.Tensor: ...
 

@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
@@ -93,7 +93,8 @@ class LazyBackbones(Mapping):
     checkpoint's hyper-parameters take) is a plain dict of what was built, and never builds."""
 
     def __init__(self, builders: Mapping[str, Callable[[], dict]]):
-        self._builders, self._specs = dict(builders), {}
+        self._builders = dict(builders)
+        self._specs: dict[str, dict] = {}
 
     def __getitem__(self, key: str) -> dict:
         if key not in self._specs:
@@ -115,7 +116,7 @@ def tokenizer_digest(tokenizer: Tokenizer) -> str:
     without the padding and truncation settings, which tokenising a batch changes in place."""
     raw = getattr(tokenizer, "raw", None)
     if raw is None:
-        text = str(tokenizer.hf.name_or_path)
+        text = str(cast(Any, tokenizer).hf.name_or_path)  # a Hugging Face tokenizer
     else:
         state = {
             k: v for k, v in json.loads(raw.to_str()).items() if k not in ("padding", "truncation")
