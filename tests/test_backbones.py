@@ -295,8 +295,9 @@ def test_make_pretrain_and_a_runs_lazy_build_make_the_same_backbones(tmp_path, m
         run = CCRDataModule(compose([f"data.root={tmp_path / 'run'}", *sizes]).data)
         run.prepare_data()
         run.setup("fit")
-        lazy = Path(world_backbones(run.backbones)["image"]["pretrained"]).parents[1]
-        lazy_seq2seq = Path(world_backbones(run.backbones)["seq2seq"]["pretrained"])
+        built_for_a_method = with_backbones(run).backbones  # what a run's harness gives
+        lazy = Path(built_for_a_method["image"]["pretrained"]).parents[1]
+        lazy_seq2seq = Path(built_for_a_method["seq2seq"]["pretrained"])
         assert torch.get_num_threads() == 1  # the build restores the caller's count
     finally:
         torch.set_num_threads(before)
