@@ -28,7 +28,7 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 
 .PHONY: pretrain
 pretrain: $(STAMP)  # the default world and its pretrained backbones (cached; a run also builds them)
-	$(PY) -m datamodules.synthetic.backbones $(ARGS)
+	$(PY) -m experiments.pretrain $(ARGS)
 
 train: $(STAMP)
 	$(PY) -m experiments.train method=$(METHOD) data=$(DATA) trainer=$(TRAINER) $(ARGS)
@@ -43,7 +43,7 @@ eval: $(STAMP)
 # Scores every model of experiments/configs/zoo/ whose weights are already in the local cache on DATA
 # (one row each) and lists the others with the reason they were skipped; it fetches no weights.
 eval-zoo: $(STAMP)
-	$(PY) -m experiments.zoo data=$(DATA) $(ARGS)
+	$(PY) -m experiments.eval_zoo data=$(DATA) $(ARGS)
 
 # RUN=<run folder>[,<run folder>]: the consistency report (HTML + per-instance ranks CSV).
 report: $(STAMP)

@@ -26,7 +26,7 @@ grep -v -E '^(#|torch==|torchvision==|nvidia-|triton==)' requirements/constraint
 "$VENV/bin/python" - <<'PY'
 import torch
 
-import experiments.external, experiments.train, experiments.zoo  # noqa: F401 - the entry points
+import experiments.eval_zoo, experiments.external, experiments.train  # noqa: F401 - the entry points
 import methods
 
 for name in methods.names():

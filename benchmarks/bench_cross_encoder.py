@@ -22,6 +22,7 @@ import torch
 
 import methods
 from experiments.config import compose
+from experiments.pretrain.backbones import with_backbones
 from experiments.train import build_datamodule
 from methods.layers.cross_encoder_scoring import score_matrix
 
@@ -54,9 +55,8 @@ def caches(module, name: str, images: dict, captions: dict, languages: list[str]
 def pairs_per_second(name: str, args) -> tuple[float, float, int, dict]:
     cfg = compose([f"method={name}", *args.overrides])
     data = build_datamodule(cfg, roles=("test",))
-    module = (
-        methods.get(name)(cfg.method, cfg.optim, data.info, cfg.evaluation).eval().to(args.device)
-    )
+    info = with_backbones(data)
+    module = methods.get(name)(cfg.method, cfg.optim, info, cfg.evaluation).eval().to(args.device)
     with torch.no_grad():  # not around building: the world pretrains its backbones on first use
         return timed(module, name, cfg, data, args)
 

@@ -279,6 +279,7 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
     from omegaconf import open_dict
 
     import methods
+    from experiments.pretrain.backbones import with_backbones
     from experiments.train import build_datamodule
     from experiments.trainer import configure_matmul_precision, configure_threads
 
@@ -291,7 +292,8 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
     with open_dict(cfg):
         cfg.method = paper_method(method, cfg.method, data.info, tiny=args.tiny)
     L.seed_everything(cfg.seed, verbose=False)
-    stage = methods.get(method).pipeline(cfg.method, cfg.optim, data.info, cfg.evaluation)[0]
+    info = with_backbones(data)
+    stage = methods.get(method).pipeline(cfg.method, cfg.optim, info, cfg.evaluation)[0]
     with torch.device(device):  # random init on the device: seconds, not minutes on the host
         module = stage.build(None)
     module.to(device)

@@ -23,6 +23,7 @@ from pathlib import Path
 
 from datamodules import shards
 from experiments.config import compose
+from experiments.shards import main as write_shards
 from experiments.train import build_datamodule
 
 
@@ -74,7 +75,7 @@ def main() -> None:
     map_style = [f"data.root={args.world}", *common]
     if not (args.out / "train" / shards.INDEX).exists():
         start = time.perf_counter()
-        shards.main(["write", str(args.out), "--shard-size", str(args.shard_size), *map_style])
+        write_shards(["write", str(args.out), "--shard-size", str(args.shard_size), *map_style])
         print(f"wrote shards in {time.perf_counter() - start:.0f} s", flush=True)
     streamed = [
         "data=shards",

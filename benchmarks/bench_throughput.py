@@ -25,6 +25,7 @@ from torch.optim.lr_scheduler import LambdaLR
 
 import methods
 from experiments.config import compose
+from experiments.pretrain.backbones import with_backbones
 from experiments.train import build_datamodule
 from experiments.trainer import build_trainer, configure_threads
 from methods.layers.optim import param_groups, warmup_cosine
@@ -45,7 +46,7 @@ class StepTimer(L.Callback):
 
 
 def build_module(cfg, data):
-    return methods.get(cfg.method.name)(cfg.method, cfg.optim, data.info, cfg.evaluation)
+    return methods.get(cfg.method.name)(cfg.method, cfg.optim, with_backbones(data), cfg.evaluation)
 
 
 def lightning_seconds(cfg, data, steps: int, warmup: int) -> float:

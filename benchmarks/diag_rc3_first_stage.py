@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 
 from experiments.config import typed
+from experiments.pretrain.backbones import with_backbones
 from experiments.runs import load_checkpoint
 from experiments.train import build_datamodule, stages_of
 from experiments.trainer import configure_threads
@@ -137,7 +138,7 @@ def main() -> None:
     module = stages_of(cfg, data)[0].build(None)
     module.load_state_dict(load_checkpoint(args.checkpoint)["state_dict"])
     module.eval()
-    WORLD_TEXT.append(TextEncoder.from_config({"name": "world"}, data.info).eval())
+    WORLD_TEXT.append(TextEncoder.from_config({"name": "world"}, with_backbones(data)).eval())
     settings = module.settings.first_stage
     train_images, train_text = collect_train(module, data, args.train)
     test_images, test_text, gold = collect_test(module, data)

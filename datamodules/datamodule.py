@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -38,7 +38,7 @@ from .readers import captions_parallel, read_dataset
 from .readers.parallel_text import ParallelText, read_parallel_text
 from .records import Record
 from .roi_features import ImageRois, RoiStore
-from .synthetic import backbones
+from .synthetic.source import WorldBackbones, WorldSource
 from .tokenization import OFFLINE, Tokenizer, build_tokenizer
 from .validation import validate
 
@@ -63,7 +63,8 @@ class DataInfo:
     # label; other data: the label itself, as COCO's labels are categories)
     object_categories: list[str] = field(default_factory=list)
     # encoder settings that a method config's ``name: world`` resolves to ({"text": {...},
-    # "image": {...}}); empty unless the data provides pretrained backbones (the synthetic world)
+    # "image": {...}, "seq2seq": {...}}); the datamodule leaves it empty: the harness fills it
+    # from ``CCRDataModule.backbones`` (experiments.pretrain.with_backbones) for the world
     backbones: Mapping[str, dict] = field(default_factory=dict)
     # width of the precomputed ROI features the data ships (data.roi_features) and where it was
     # read (store, image, field); None when it ships none
@@ -200,7 +201,9 @@ class CCRDataModule(L.LightningDataModule):
     (``experiments.trainer.loader_settings``: the machine's ``num_workers``, ``pin_memory``,
     ``prefetch_factor``) sets up the training loaders; default: ``data.num_workers`` workers.
     ``eval_max_images`` (``evaluation.max_images``) keeps the first N images of the val and test
-    splits, as ``name[:N]`` split specs do, or the whole split when it has fewer."""
+    splits, as ``name[:N]`` split specs do, or the whole split when it has fewer.
+    ``load_pretrained_io`` loads a pretrained model's own preprocessing and tokenizer when
+    ``data.pretrained_io`` names one (the harness passes it: the data package loads no model)."""
 
     def __init__(
         self,
@@ -208,6 +211,7 @@ class CCRDataModule(L.LightningDataModule):
         seed: int = 0,
         loader: Mapping | None = None,
         eval_max_images: int | None = None,
+        load_pretrained_io: pretrained_io.LoadPretrainedIO | None = None,
     ):
         super().__init__()
         self.cfg = cfg
@@ -224,6 +228,7 @@ class CCRDataModule(L.LightningDataModule):
         self._token_counts: dict[str, int] = {}  # sentence -> tokens, for token-counted batches
         self._roi_store: RoiStore | None = None
         self._roi_keys: dict[str, dict[str, str]] = {}  # role -> record id -> ROI store key
+        self._load_pretrained_io = load_pretrained_io
         self._pretrained_io: pretrained_io.PretrainedIO | None = None
 
     # ---- where the data is --------------------------------------------------------------------
@@ -231,10 +236,13 @@ class CCRDataModule(L.LightningDataModule):
     def is_synthetic(self) -> bool:
         return self.cfg.name == SYNTHETIC
 
-    def _world_knobs(self) -> synthetic.WorldKnobs:
-        return synthetic.WorldKnobs.from_config(
-            OmegaConf.to_container(self.cfg.synthetic, resolve=True)
-        )
+    @functools.cached_property
+    def world(self) -> WorldSource | None:
+        """The synthetic world this config describes (``data.synthetic``), or None."""
+        if not self.is_synthetic:
+            return None
+        knobs = OmegaConf.to_container(self.cfg.synthetic, resolve=True)
+        return WorldSource(self.cfg.root, synthetic.WorldKnobs.from_config(knobs))
 
     @property
     def captions_parallel(self) -> bool:
@@ -266,8 +274,8 @@ class CCRDataModule(L.LightningDataModule):
     @property
     def image_root(self) -> Path:
         """Folder that ``Record.image`` paths are relative to."""
-        if self.is_synthetic:
-            return synthetic.world_dir(self.cfg.root, self._world_knobs()) / "images"
+        if self.world is not None:
+            return self.world.image_root
         if self.is_sharded:
             return Path(self.cfg.cache_dir) / "extracted"
         return Path(self.cfg.image_root or self.cfg.root)
@@ -284,8 +292,9 @@ class CCRDataModule(L.LightningDataModule):
             split, limit = parse_split(spec, f"data.splits.{role}")
             if self.is_sharded and role == "train":
                 raise ValueError(f"data '{SHARDS}' streams its train split: it has no record list")
-            if self.is_synthetic:
-                records = self._world_split(self._world_knobs(), split)
+            if self.world is not None:
+                raw, images = self.world.split(split)
+                records = self._validated(raw, split, images)
             elif self.is_sharded:  # a small evaluation split: its images extracted, then validated
                 records = self._validated(
                     shards.extract(self.shard_index(role), self.image_root / split),
@@ -356,10 +365,6 @@ class CCRDataModule(L.LightningDataModule):
         keys = self._roi_keys[role]
         return ImageRois(self.roi_store, [keys[r.id] for r in records], int(self.cfg.roi_regions))
 
-    def _world_split(self, knobs: synthetic.WorldKnobs, split: str) -> list[Record]:
-        world = synthetic.build_world(self.cfg.root, knobs)
-        return self._validated(synthetic.load_split(world, split), split, world / "images")
-
     def _validated(self, raw: list[Record], split: str, image_root: Path) -> list[Record]:
         kept, report = validate(
             raw,
@@ -375,19 +380,17 @@ class CCRDataModule(L.LightningDataModule):
         """Whose captions the offline tokenizer learns: the train split's, for a synthetic world its
         clean twin's (``WorldKnobs.clean``), so that translation noise or weak alignment changes
         the training captions but not the vocabulary, nor the backbones pretrained with it."""
-        if not self.is_synthetic:
-            return self.records("train")
-        knobs = self._world_knobs()
-        if knobs.clean() == knobs:
+        if self.world is None or self.world.is_clean:
             return self.records("train")
         split, limit = parse_split(self.cfg.splits.train, "data.splits.train")
-        return self._world_split(knobs.clean(), split)[:limit]
+        raw, images = self.world.split(split, clean=True)
+        return self._validated(raw, split, images)[:limit]
 
     # ---- Lightning hooks ----------------------------------------------------------------------
     def prepare_data(self) -> None:
         """Generate the synthetic world and train the offline tokenizer once (cached on disk)."""
-        if self.is_synthetic:
-            synthetic.build_world(self.cfg.root, self._world_knobs())
+        if self.world is not None:
+            self.world.prepare()
         if self.cfg.tokenizer.name == OFFLINE:
             self._build_tokenizer()
 
@@ -417,7 +420,6 @@ class CCRDataModule(L.LightningDataModule):
             image_size=int(self.cfg.image_size),
             num_objects=len(labels),
             object_categories=self._label_categories(train, labels),
-            backbones=backbones.LazyBackbones(self._world_builders()),
             roi_dim=None if self.roi_store is None else self.roi_store.dim,
             roi_store=None if self.roi_store is None else self.roi_store.describe(),
             pad_to_multiple=self.cfg.get("pad_to_multiple"),
@@ -425,92 +427,42 @@ class CCRDataModule(L.LightningDataModule):
 
     def _label_categories(self, train: list[Record], labels: list[str]) -> list[str]:
         """Each object label's category: from the world's scenes, else the label itself."""
-        if not self.is_synthetic:
+        if self.world is None:
             return list(labels)
-        categories: dict[str, str] = {}
-        for record in train:
-            categories.update(synthetic.label_categories(record.extras["scene"]))
-        return [categories[label] for label in labels]
+        return self.world.label_categories(train, labels)
 
-    def _world_builders(self) -> dict[str, Callable[[], dict]]:
-        """How to build (or read from the cache) each of the synthetic world's pretrained
-        backbones, as the settings ``world`` resolves to; none for real data or
-        ``data.backbones: null``."""
-        if not self.is_synthetic or self.cfg.get("backbones") is None:
-            return {}
-        encoders = functools.cache(self._world_encoders)
-        return {
-            "text": lambda: encoders()["text"],
-            "image": lambda: encoders()["image"],
-            "seq2seq": self._world_seq2seq,
-        }
-
-    def _world_settings(self) -> dict:
-        return {
-            "languages": self.languages,
-            "image_size": int(self.cfg.image_size),
-            "image_mean": list(self.cfg.image_mean),
-            "image_std": list(self.cfg.image_std),
-            "max_length": int(self.cfg.max_length),
-        }
-
-    def _world_recipe(self) -> backbones.BackboneRecipe:
-        return backbones.BackboneRecipe.from_config(
-            OmegaConf.to_container(self.cfg.backbones, resolve=True)
+    @property
+    def backbones(self) -> WorldBackbones | None:
+        """The handle to the synthetic world's pretrained backbones (what they are built from;
+        ``experiments.pretrain`` builds them), or None: real data, or ``data.backbones: null``."""
+        if self.world is None or self.cfg.get("backbones") is None:
+            return None
+        return WorldBackbones(
+            self.world.root,
+            self.world.knobs.clean(),
+            self._build_tokenizer(),
+            self.languages,
+            int(self.cfg.max_length),
+            int(self.cfg.image_size),
+            list(self.cfg.image_mean),
+            list(self.cfg.image_std),
+            OmegaConf.to_container(self.cfg.backbones, resolve=True),
         )
-
-    def _world_encoders(self) -> dict[str, dict]:
-        """The world's tiny XLM-R and ViT (``name: world``)."""
-        recipe = self._world_recipe()
-        knobs = self._world_knobs().clean()  # the pretrain split does not depend on the corruptions
-        world = synthetic.build_world(self.cfg.root, knobs)
-        target = backbones.backbone_dir(
-            self.cfg.root, world, self._build_tokenizer(), self._world_settings(), recipe
-        )
-        if not (target / backbones.SUMMARY).exists():
-            rank_zero_info(f"building the world's pretrained backbones in {target}")
-            pretrain = synthetic.build_pretrain(world, knobs)
-            backbones.build_backbones(
-                target,
-                synthetic.load_split(pretrain, synthetic.PRETRAIN),
-                self.languages,
-                self._build_tokenizer(),
-                int(self.cfg.max_length),
-                pretrain / "images",
-                self.image_transform(),
-                recipe,
-                check=synthetic.load_split(world, "val"),
-            )
-        return backbones.encoder_specs(target, recipe, int(self.cfg.image_size))
-
-    def _world_seq2seq(self) -> dict:
-        """The world's tiny mBART (RC3's ``backbone.pretrained: world``), on the encoders' seed."""
-        recipe = self._world_recipe()
-        knobs = self._world_knobs().clean()
-        world = synthetic.build_world(self.cfg.root, knobs)
-        settings = {"languages": self.languages, "max_length": int(self.cfg.max_length)}
-        target = backbones.seq2seq_dir(
-            self.cfg.root, world, self._build_tokenizer(), settings, recipe
-        )
-        if not (target / backbones.SUMMARY).exists():
-            rank_zero_info(f"building the world's pretrained mBART in {target}")
-            pretrain = synthetic.build_pretrain(world, knobs)
-            backbones.build_seq2seq(
-                target,
-                synthetic.load_split(pretrain, synthetic.PRETRAIN),
-                self.languages,
-                self._build_tokenizer(),
-                int(self.cfg.max_length),
-                recipe,
-            )
-        return backbones.seq2seq_spec(target)
 
     @property
     def pretrained(self) -> pretrained_io.PretrainedIO | None:
         """The pretrained model's own preprocessing and tokenizer (``data.pretrained_io``), or None."""
         spec = self.cfg.get("pretrained_io")
         if spec is not None and self._pretrained_io is None:
-            self._pretrained_io = pretrained_io.load(OmegaConf.to_container(spec, resolve=True))
+            if self._load_pretrained_io is None:
+                raise ValueError(
+                    "data.pretrained_io is set, but this datamodule was given no loader for a "
+                    "pretrained model's preprocessing (CCRDataModule(load_pretrained_io=...), "
+                    "as experiments.train.build_datamodule passes)"
+                )
+            self._pretrained_io = self._load_pretrained_io(
+                OmegaConf.to_container(spec, resolve=True)
+            )
         return self._pretrained_io
 
     def _build_tokenizer(self) -> Tokenizer:
@@ -669,7 +621,7 @@ class CCRDataModule(L.LightningDataModule):
                 caption_image=table.caption_image,
                 caption_language=table.caption_language,
                 languages=table.languages,
-                relevance=graded_relevance(records),
+                relevance=self.relevance(role),
                 image_paths=[self.image_root / r.image for r in records],
                 captions=table.captions,
                 transform=self.images([self.image_root / r.image for r in records]),
@@ -682,6 +634,11 @@ class CCRDataModule(L.LightningDataModule):
                 rois=self._image_rois(role, records),
             )
         return self._views[role]
+
+    def relevance(self, role: str) -> torch.Tensor | None:
+        """Graded image-image relevance of the split playing ``role`` (the world's scenes), or
+        None when its records carry no scene."""
+        return graded_relevance(self.records(role))
 
     def val_dataloader(self) -> list[DataLoader]:
         view = self.eval_view("val")
@@ -704,11 +661,8 @@ class CCRDataModule(L.LightningDataModule):
         in-domain target-language captions."""
         if self._parallel is None:
             path = self.cfg.get("parallel_text")
-            if path is None and self.is_synthetic:
-                world = synthetic.build_world(self.cfg.root, self._world_knobs())
-                path = synthetic.parallel_text_dir(
-                    synthetic.build_pretrain(world, self._world_knobs())
-                )
+            if path is None and self.world is not None:
+                path = self.world.parallel_text()
             if path is None:
                 raise ValueError(
                     f"data '{self.cfg.name}' has no parallel corpus: set data.parallel_text to a "

@@ -1,17 +1,36 @@
 """A pretrained dual encoder's own image preprocessing and tokenizer as the data's loaders use them
 (``data.pretrained_io``, set by ``method.encoders=zoo:<name>``): a run that fine-tunes the model
-reads images and captions exactly as ``experiments/external.py`` scored it."""
+reads images and captions exactly as ``experiments/external.py`` scored it. The harness loads the
+model's preprocessing (``methods.layers.pretrained_dual.load_io``) and hands it to the datamodule,
+which reads data and loads no model."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 from PIL import Image
 
-from methods.layers.pretrained_dual import DualSpec, PretrainedIO, load_io
+
+class PretrainedIO(Protocol):
+    """What the loaders use of a pretrained model's preprocessing and tokenizer."""
+
+    spec: Any  # names the model (``spec.label``)
+    tokenizer: Any
+    text_length: int
+
+    @property
+    def pad_token_id(self) -> int: ...
+
+    def preprocess(self, images: list[Image.Image]) -> torch.Tensor: ...
+
+    def tokenize(self, texts: list[str], language: str | None) -> dict[str, torch.Tensor]: ...
+
+
+# ``data.pretrained_io`` (the model's settings) -> its preprocessing and tokenizer
+LoadPretrainedIO = Callable[[Mapping[str, Any]], PretrainedIO]
 
 
 class PretrainedImageTransform:
@@ -56,7 +75,3 @@ def _first(tokenizer: Any, *names: str) -> int:
         if isinstance(value, int):
             return value
     return 0
-
-
-def load(spec: Mapping[str, Any]) -> PretrainedIO:
-    return load_io(DualSpec.from_mapping(dict(spec)))

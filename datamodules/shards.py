@@ -1,5 +1,6 @@
 """Sharded training data streamed from webdataset tar shards, with equal batches on every rank and
-exact resume; and the tool that writes such shards from any reader's records.
+exact resume; and the writer of such shards from any reader's records (its command:
+``python -m experiments.shards write``).
 
 Layout of one split (``<root>/<split>/``), as img2dataset writes it plus an index:
 
@@ -39,7 +40,6 @@ epochs and exact resume are done here because webdataset's own (``split_by_node`
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import random
@@ -82,7 +82,7 @@ class ShardIndex:
         if not path.is_file():
             raise FileNotFoundError(
                 f"{path}: no shard index (write shards with "
-                "`python -m datamodules.shards write`, docs/scale.md)"
+                "`python -m experiments.shards write`, docs/scale.md)"
             )
         raw = json.loads(path.read_text())
         for key in ("shards", "languages", "captions_parallel"):
@@ -436,41 +436,3 @@ def write_split(
         )
     )
     return ShardIndex.load(folder)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    """``python -m datamodules.shards write OUT [--shard-size N] [--splits train val test]
-    key=value ...``: shard the splits of the data a run's config names (any reader, or the
-    synthetic world), e.g. ``data=xflickrco data.root=...``."""
-    parser = argparse.ArgumentParser(prog="python -m datamodules.shards")
-    commands = parser.add_subparsers(dest="command", required=True)
-    write = commands.add_parser("write", help="write shards from a configured dataset's records")
-    write.add_argument("out", type=Path)
-    write.add_argument("--shard-size", type=int, default=1000)
-    write.add_argument("--splits", nargs="+", default=["train", "val", "test"])
-    args, overrides = parser.parse_known_args(argv)
-    unknown = [arg for arg in overrides if "=" not in arg]
-    if unknown:
-        parser.error(f"unrecognised arguments {unknown} (config overrides are key=value)")
-    from datamodules.datamodule import CCRDataModule
-    from experiments.config import compose
-
-    cfg = compose(overrides)
-    data = CCRDataModule(cfg.data, seed=cfg.seed)
-    data.prepare_data()
-    for role in args.splits:
-        if cfg.data.splits.get(role) is None:
-            continue
-        index = write_split(
-            data.records(role),
-            data.image_root,
-            args.out / role,
-            shard_size=args.shard_size,
-            languages=data.languages,
-            captions_parallel=data.captions_parallel,
-        )
-        print(f"{role}: {index.total} samples in {len(index.files)} shards under {index.folder}")
-
-
-if __name__ == "__main__":
-    main()

@@ -9,7 +9,6 @@ type, shape or sign fails here, naming the key, before anything runs.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 from typing import cast
 
 import yaml
@@ -17,14 +16,10 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
 
 import metrics
+from experiments.config_base import CONFIG_DIR, ConfigError
 from experiments.schema import RunConfig, check_bounds
 
-CONFIG_DIR = Path(__file__).resolve().parent / "configs"
 GROUPS = {"method": "clip", "data": "synthetic", "trainer": "cpu"}
-
-
-class ConfigError(ValueError):
-    """A one-line, user-facing configuration problem."""
 
 
 def available(group: str) -> list[str]:
@@ -106,7 +101,7 @@ def compose(overrides: Sequence[str] = ()) -> DictConfig:
                 cfg = _merge(cfg, {section: preset.pop(section)}, f"{group}/{name}.yaml")
         cfg = _merge(cfg, {group: preset}, f"{group}/{name}.yaml")
     cfg.preset = selectors
-    from experiments.zoo import expand_encoders  # the zoo reads configs/zoo (imports this module)
+    from experiments.zoo import expand_encoders  # the zoo reads configs/zoo
 
     return apply_overrides(cfg, expand_encoders(cfg, rest))
 

@@ -39,7 +39,6 @@ from torch.utils.data import DataLoader
 
 import metrics
 from datamodules.datamodule import CCRDataModule
-from datamodules.eval_split import graded_relevance
 from experiments import cli, zoo
 from experiments.config import ConfigError, compose
 from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
@@ -311,7 +310,7 @@ def read_test_set(cfg: DictConfig) -> tuple[EvaluatedSet, Tensor | None]:
     evaluated = EvaluatedSet.from_records(
         records, [str(x) for x in cfg.data.languages], data.image_root, mrv
     )
-    return evaluated, graded_relevance(records)
+    return evaluated, data.relevance("test")
 
 
 def external_config(spec: ModelSpec, overrides: Sequence[str]) -> DictConfig:

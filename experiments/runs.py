@@ -324,7 +324,7 @@ def load_checkpoint(path: str | Path, method: str | None = None) -> dict[str, An
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"checkpoint {path} does not exist")
-    from methods.layers.encoders import load_torch_file  # here: the leaderboard imports no models
+    from methods.layers.weights import load_torch_file  # here: the leaderboard imports no models
 
     try:
         checkpoint = load_torch_file(path)

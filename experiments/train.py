@@ -12,9 +12,9 @@ zero steps, or whose loss becomes non-finite, stops with an error and writes no 
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence, Sized
+from collections.abc import Mapping, Sequence, Sized
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import lightning as L
 from omegaconf import DictConfig
@@ -27,6 +27,7 @@ from experiments.config import ConfigError, compose
 from experiments.curves import ValidationCurve, run_curve
 from experiments.encoder_checks import check_encoders
 from experiments.loggers import check_loggers
+from experiments.pretrain.backbones import with_backbones
 from experiments.runs import (
     checkpoints_in,
     claim_run_dir,
@@ -53,6 +54,7 @@ from experiments.trainer import (
     loader_settings,
 )
 from methods.layers.base import RetrievalModule, Stage
+from methods.layers.pretrained_dual import DualSpec, PretrainedIO, load_io
 
 DONE = "done.ckpt"
 ROLES = ("train", "val", "test")
@@ -96,6 +98,7 @@ def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataMo
         seed=cfg.seed,
         loader=loader_settings(cfg),
         eval_max_images=cfg.evaluation.max_images,
+        load_pretrained_io=load_pretrained_io,
     )
     data.prepare_data()
     data.setup("fit")
@@ -105,9 +108,14 @@ def build_datamodule(cfg: DictConfig, roles: Sequence[str] = ROLES) -> CCRDataMo
     return data
 
 
+def load_pretrained_io(spec: Mapping[str, Any]) -> PretrainedIO:
+    """``data.pretrained_io``: the pretrained model's own preprocessing and tokenizer."""
+    return load_io(DualSpec.from_mapping(dict(spec)))
+
+
 def stages_of(cfg: DictConfig, data: CCRDataModule) -> list[Stage]:
     method_cls = methods.get(cfg.method.name)
-    return method_cls.pipeline(cfg.method, cfg.optim, data.info, cfg.evaluation)
+    return method_cls.pipeline(cfg.method, cfg.optim, with_backbones(data), cfg.evaluation)
 
 
 def checkpoint_dir(run_dir: Path, stages: Sequence[Stage], stage: Stage) -> Path:

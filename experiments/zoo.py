@@ -4,22 +4,20 @@ Each entry names its ``loader`` (open_clip | hf_clip | hf_metaclip2 | hf_remote 
 ``model`` (open_clip arch or Hugging Face name), the open_clip ``pretrained`` tag, the hub
 ``revision`` (a 40-hex commit; required before remote code runs), ``licence``, ``preprocessing`` and
 the ``languages`` it expects, and optionally ``text_length``. ``make eval MODEL=zoo:<name>`` scores
-one entry; ``make eval-zoo DATA=<data>`` (``python -m experiments.zoo``) scores every entry whose
-weights are already in the local cache and lists the others with the reason they were skipped.
+one entry; ``make eval-zoo DATA=<data>`` (``python -m experiments.eval_zoo``) scores every entry
+whose weights are already in the local cache and lists the others with the reason they were skipped.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from experiments import cli
-from experiments.config import CONFIG_DIR, ConfigError
+from experiments.config_base import CONFIG_DIR, ConfigError
 from methods.layers import pretrained_dual
 from methods.layers.pretrained_dual import COMMIT, DualSpec
 
@@ -263,54 +261,3 @@ def skip_reason(zoo_entry: ZooEntry) -> str | None:
     if spec.remote_code:
         return pretrained_dual.unpinned_code(spec)
     return None
-
-
-def eval_zoo(
-    overrides: Sequence[str], device: str = "auto"
-) -> tuple[list[Path], list[tuple[str, str]]]:
-    """Score every locally available zoo entry; return the run folders and the skipped entries
-    with their reasons (a model that fails to load or score is listed with its error)."""
-    from experiments import external
-
-    scored, skipped = [], []
-    for zoo_entry in entries():
-        reason = skip_reason(zoo_entry)
-        if reason is None:
-            try:
-                scored.append(
-                    external.score_external(
-                        external.ModelSpec.from_zoo(zoo_entry), overrides, device
-                    )
-                )
-                continue
-            except (ConfigError, ValueError, OSError, RuntimeError) as err:
-                reason = "failed: " + " ".join(str(err).split())[:300]
-        skipped.append((zoo_entry.name, reason))
-    print(
-        f"zoo: scored {len(scored)} of {len(scored) + len(skipped)} models; skipped {len(skipped)}:"
-    )
-    for name, reason in skipped:
-        print(f"  {name}: {reason}")
-    return scored, skipped
-
-
-def _main(args: list[str]) -> None:
-    device = "auto"
-    rest = []
-    for arg in args:
-        key, _, value = arg.partition("=")
-        if key == "device":
-            device = value
-        else:
-            rest.append(arg)
-    _, skipped = eval_zoo(rest, device)
-    if any(reason.startswith("failed:") for _, reason in skipped):
-        sys.exit(1)
-
-
-def main(argv: Sequence[str] | None = None) -> None:
-    cli.run(_main, argv)
-
-
-if __name__ == "__main__":
-    main()

@@ -16,9 +16,12 @@ from safetensors.torch import load_file
 from transformers import AutoModel, XLMRobertaConfig, XLMRobertaModel
 
 from datamodules.datamodule import CCRDataModule
-from datamodules.synthetic import backbones, load_split, pretrain_text
-from datamodules.synthetic.pretrain_seq2seq import Seq2SeqRecipe
+from datamodules.synthetic import load_split
 from experiments.config import compose
+from experiments.pretrain import backbones
+from experiments.pretrain import text as pretrain_text
+from experiments.pretrain.backbones import with_backbones, world_backbones
+from experiments.pretrain.seq2seq import Seq2SeqRecipe
 from methods.layers.encoders import ImageEncoder, TextEncoder
 
 CONFIG = Path(__file__).resolve().parents[1] / "experiments/configs/data/synthetic.yaml"
@@ -66,7 +69,7 @@ def dm(tmp_path_factory) -> CCRDataModule:
 
 
 def text_folder(dm) -> Path:
-    return Path(dm.info.backbones["text"]["name"].removeprefix("hf:"))
+    return Path(world_backbones(dm.backbones)["text"]["name"].removeprefix("hf:"))
 
 
 def test_text_encoder_puts_a_caption_nearer_its_translation(dm):
@@ -95,7 +98,7 @@ def test_text_backbone_pretrains_at_the_recipes_dropout_and_saves_xlmrs(dm):
 def test_text_backbone_loads_through_hf_path_and_world_name(dm):
     folder = text_folder(dm)
     by_path = TextEncoder(f"hf:{folder}")
-    by_world = TextEncoder.from_config({"name": "world"}, dm.info)
+    by_world = TextEncoder.from_config({"name": "world"}, with_backbones(dm))
     saved = AutoModel.from_pretrained(folder).state_dict()
     for encoder in (by_path, by_world):
         own = encoder.backbone.model.state_dict()
@@ -111,9 +114,9 @@ def test_text_backbone_loads_through_hf_path_and_world_name(dm):
 
 
 def test_image_backbone_loads_as_a_timm_state_dict(dm):
-    spec = dm.info.backbones["image"]
+    spec = world_backbones(dm.backbones)["image"]
     assert spec["name"] == "timm:vit_tiny_patch16_224" and spec["pretrained"].endswith(".pth")
-    encoder = ImageEncoder.from_config({"name": "world"}, dm.info)
+    encoder = ImageEncoder.from_config({"name": "world"}, with_backbones(dm))
     saved = torch.load(spec["pretrained"], weights_only=True)
     own = encoder.backbone.model.state_dict()
     assert own.keys() == {k for k in saved if not k.startswith("head.")}
@@ -131,11 +134,11 @@ def test_cache_hit_skips_the_build_and_a_new_recipe_rebuilds(dm, monkeypatch, tm
     again = CCRDataModule(dm.cfg)
     again.prepare_data()
     again.setup("fit")
-    assert again.info.backbones == dm.info.backbones
+    assert dict(world_backbones(again.backbones)) == dict(world_backbones(dm.backbones))
     changed = CCRDataModule(OmegaConf.merge(dm.cfg, {"backbones": {"text": {"steps": 7}}}))
     changed.setup("fit")
     with pytest.raises(AssertionError, match="rebuilt"):
-        dict(changed.info.backbones)
+        dict(world_backbones(changed.backbones))
 
 
 def test_cache_hit_after_the_tokenizer_has_been_used(dm, monkeypatch):
@@ -152,7 +155,7 @@ def test_cache_hit_after_the_tokenizer_has_been_used(dm, monkeypatch):
     again.tokenizer(["a red circle"], 24)
     monkeypatch.setattr(backbones, "pretrain_text", refuse)
     monkeypatch.setattr(backbones, "pretrain_image", refuse)
-    assert dict(again.info.backbones) == dict(dm.info.backbones)
+    assert dict(world_backbones(again.backbones)) == dict(world_backbones(dm.backbones))
 
 
 def test_world_name_is_an_error_on_data_without_backbones():
@@ -171,16 +174,16 @@ def test_a_run_that_never_names_world_never_builds_them(tmp_path, monkeypatch):
     module = CCRDataModule(tiny_cfg(tmp_path))
     module.prepare_data()
     module.setup("fit")
-    copy.deepcopy(asdict(module.info))  # as a checkpoint's hyper-parameters take it
+    copy.deepcopy(asdict(with_backbones(module)))  # as a checkpoint's hyper-parameters take it
     assert not list(tmp_path.glob("backbones-*"))
     with pytest.raises(AssertionError, match="were built"):
-        dict(module.info.backbones)
+        dict(world_backbones(module.backbones))
 
 
 def test_no_backbones_when_switched_off(tmp_path):
     module = CCRDataModule(tiny_cfg(tmp_path, backbones="null"))
     module.setup("fit")
-    assert module.info.backbones == {}
+    assert module.backbones is None and with_backbones(module).backbones == {}
     assert not list(tmp_path.glob("backbones-*"))
 
 
@@ -214,7 +217,7 @@ def test_building_the_backbones_leaves_the_global_random_state_alone(dm, tmp_pat
     L.seed_everything(7, verbose=False)
     expected = global_draws()
     L.seed_everything(7, verbose=False)
-    dict(fresh.info.backbones)  # builds them now
+    dict(world_backbones(fresh.backbones))  # builds them now
     assert global_draws() == expected
 
 
@@ -227,7 +230,7 @@ def test_caption_corruptions_leave_the_tokenizer_and_backbones_alone(dm, monkeyp
     def refuse(*args, **kwargs):
         raise AssertionError("the backbones were rebuilt")
 
-    expected = dict(dm.info.backbones)  # built (or found) for the clean world
+    expected = dict(world_backbones(dm.backbones))  # built (or found) for the clean world
     noisy = CCRDataModule(OmegaConf.merge(dm.cfg, {"synthetic": corruption}))
     noisy.prepare_data()
     noisy.setup("fit")
@@ -237,7 +240,7 @@ def test_caption_corruptions_leave_the_tokenizer_and_backbones_alone(dm, monkeyp
     assert backbones.tokenizer_digest(noisy.tokenizer) == backbones.tokenizer_digest(dm.tokenizer)
     monkeypatch.setattr(backbones, "pretrain_text", refuse)
     monkeypatch.setattr(backbones, "pretrain_image", refuse)
-    assert dict(noisy.info.backbones) == expected
+    assert dict(world_backbones(noisy.backbones)) == expected
 
 
 def _weights(folder: Path) -> dict[str, torch.Tensor]:
@@ -292,8 +295,9 @@ def test_make_pretrain_and_a_runs_lazy_build_make_the_same_backbones(tmp_path, m
         run = CCRDataModule(compose([f"data.root={tmp_path / 'run'}", *sizes]).data)
         run.prepare_data()
         run.setup("fit")
-        lazy = Path(run.info.backbones["image"]["pretrained"]).parents[1]
-        lazy_seq2seq = Path(run.info.backbones["seq2seq"]["pretrained"])
+        built_for_a_method = with_backbones(run).backbones  # what a run's harness gives
+        lazy = Path(built_for_a_method["image"]["pretrained"]).parents[1]
+        lazy_seq2seq = Path(built_for_a_method["seq2seq"]["pretrained"])
         assert torch.get_num_threads() == 1  # the build restores the caller's count
     finally:
         torch.set_num_threads(before)

@@ -211,7 +211,8 @@ def test_the_run_datamodule_takes_the_image_budget_from_the_evaluation_section(m
     monkeypatch.setattr(train, "CCRDataModule", Recorder)
     train.build_datamodule(compose(["method=rc3"]))
     train.build_datamodule(compose(["method=rc3", "evaluation.max_images=null"]))
-    assert made == [{"eval_max_images": 100}, {"eval_max_images": None}]
+    assert [m["eval_max_images"] for m in made] == [100, None]
+    assert all(m["load_pretrained_io"] is train.load_pretrained_io for m in made)
 
 
 @pytest.mark.parametrize(
@@ -361,3 +362,31 @@ def test_seeded_items_draw_from_the_item_seed_and_leave_accelerator_rngs_alone(m
     )  # the (seed, epoch, index) stream: resumes and old runs agree
     assert torch.equal(torch.get_rng_state(), before)  # the caller's CPU RNG is restored
     assert reseeded == []  # a GPU run's dropout RNG is not reseeded by every item loaded
+
+
+def test_the_world_names_what_its_backbones_learn_from_and_trains_none(dm):
+    """The datamodule only reads data: for the world it gives a handle to the pretrained backbones
+    (the clean twin's pretrain split, the tokenizer, the data settings, ``data.backbones``), and
+    ``experiments.pretrain`` builds them; setting up trains nothing and fills no backbones."""
+    handle = dm.backbones
+    assert dm.info.backbones == {}
+    assert handle.knobs == dm.world.knobs.clean() != dm.world.knobs  # weak_fraction=0.5 here
+    assert handle.world.name != Path(dm.image_root).parent.name
+    assert handle.tokenizer is dm.tokenizer and handle.languages == LANGUAGES
+    assert handle.recipe == OmegaConf.to_container(dm.cfg.backbones, resolve=True)
+    assert handle.pretrain_split() == handle.world / synthetic.PRETRAIN
+    assert len(handle.pretrain_records()) == dm.cfg.synthetic.num_pretrain
+    built = [p.name for p in Path(dm.cfg.root).iterdir() if p.name.startswith(("backb", "seq2"))]
+    assert built == []
+
+
+def test_a_pretrained_models_preprocessing_comes_from_the_loader_the_harness_passes(tmp_path):
+    cfg = synthetic_cfg(tmp_path)
+    cfg.pretrained_io = {"library": "nope", "model": "x"}
+    with pytest.raises(
+        ValueError, match=r"data.pretrained_io is set.*no loader.*load_pretrained_io"
+    ):
+        CCRDataModule(cfg).loader_transform()
+    asked = []
+    module = CCRDataModule(cfg, load_pretrained_io=lambda spec: asked.append(spec) or "the io")
+    assert module.pretrained == "the io" and asked == [{"library": "nope", "model": "x"}]

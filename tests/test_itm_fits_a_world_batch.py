@@ -9,6 +9,7 @@ from worlds import QUICK_BACKBONES
 
 import methods
 from experiments.config import compose
+from experiments.pretrain.backbones import with_backbones
 from experiments.train import build_datamodule
 from methods.rc3 import FINETUNE
 
@@ -81,7 +82,7 @@ def test_ccrk_mitm_on_mined_hard_negatives_fits_a_world_batch_within_100_steps(w
     image per image, mined from the KCL space) through ``CCRk.training_step``. The bar:
     below 0.1 (the 1:2 prior is 0.636) within 100 steps."""
     cfg, data = setup("ccrk", world)
-    module = methods.get("ccrk")(cfg.method, cfg.optim, data.info, cfg.evaluation)
+    module = methods.get("ccrk")(cfg.method, cfg.optim, with_backbones(data), cfg.evaluation)
     seen = []
     real = module.matching_loss
     module.matching_loss = lambda *args: seen.append(real(*args)) or seen[-1]
@@ -101,7 +102,9 @@ def test_rc3_itm_on_mined_hard_negatives_fits_a_world_batch_within_160_steps(wor
     was 24 steps: the denoising-pretrained start fits the 4-way head more slowly); 160 steps
     (2.4x the measured 66) leaves room for rounding on other machines."""
     cfg, data = setup("rc3", world)
-    module = methods.get("rc3")(cfg.method, cfg.optim, data.info, cfg.evaluation, phase=FINETUNE)
+    module = methods.get("rc3")(
+        cfg.method, cfg.optim, with_backbones(data), cfg.evaluation, phase=FINETUNE
+    )
     seen = []
     real = module.finetune_losses
     module.finetune_losses = lambda batch: seen.append(real(batch)) or seen[-1]

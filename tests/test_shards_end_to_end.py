@@ -13,6 +13,7 @@ from test_shards import collate, corrupt
 
 from datamodules import shards
 from datamodules.datasets import ImageTransform
+from experiments.shards import main as write_shards
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = [
@@ -53,7 +54,7 @@ BROKEN = "000000013.png"  # one training image that does not decode: every run d
 @pytest.fixture(scope="module")
 def sharded_world(tmp_path_factory):
     root = tmp_path_factory.mktemp("sharded")
-    shards.main(
+    write_shards(
         ["write", str(root / "shards"), "--shard-size", "6", f"data.root={root / 'world'}", *WORLD]
     )
     corrupt(shards.ShardIndex.load(root / "shards" / "train"), 2, BROKEN, b"not a png")

@@ -14,15 +14,17 @@ import torch
 from transformers import MBartModel
 
 from datamodules.datamodule import CCRDataModule
-from datamodules.synthetic import backbones, load_split
-from datamodules.synthetic.pretrain_seq2seq import (
+from datamodules.synthetic import load_split
+from experiments.config import compose
+from experiments.pretrain import backbones
+from experiments.pretrain.backbones import with_backbones, world_backbones
+from experiments.pretrain.seq2seq import (
     Seq2SeqRecipe,
     build_seq2seq_model,
     denoising_loss,
     infill,
 )
-from datamodules.synthetic.pretrain_text import CaptionTable
-from experiments.config import compose
+from experiments.pretrain.text import CaptionTable
 from methods.rc3 import RC3
 from tests.test_backbones import LANGUAGES, tiny_cfg
 
@@ -79,7 +81,7 @@ def held_out_loss(model: MBartModel, dm: CCRDataModule) -> float:
 
 
 def test_the_world_mbart_learns_to_denoise_captions_it_never_saw(world):
-    folder = Path(world.info.backbones["seq2seq"]["pretrained"])
+    folder = Path(world_backbones(world.backbones)["seq2seq"]["pretrained"])
     pretrained = MBartModel.from_pretrained(folder)
     assert (
         pretrained.config.d_model == 32
@@ -105,12 +107,12 @@ def test_it_is_built_only_when_asked_for_and_then_read_from_the_cache(world, mon
     def refuse(*args, **kwargs):
         raise AssertionError("built")
 
-    built = world.info.backbones["seq2seq"]  # this test may run first on its worker
+    built = world_backbones(world.backbones)["seq2seq"]  # this test may run first on its worker
     monkeypatch.setattr(backbones, "pretrain_seq2seq", refuse)
     again = CCRDataModule(world.cfg)
     again.prepare_data()
     again.setup("fit")
-    assert again.info.backbones["seq2seq"] == built
+    assert world_backbones(again.backbones)["seq2seq"] == built
     fresh_cfg = tiny_cfg(tmp_path)
     fresh_cfg.backbones.seq2seq = dict(TINY_MBART)
     fresh = CCRDataModule(fresh_cfg)
@@ -119,7 +121,7 @@ def test_it_is_built_only_when_asked_for_and_then_read_from_the_cache(world, mon
     monkeypatch.setattr(backbones, "pretrain_text", refuse)
     monkeypatch.setattr(backbones, "pretrain_image", refuse)
     with pytest.raises(AssertionError, match="built"):
-        fresh.info.backbones["seq2seq"]  # not built before this look
+        world_backbones(fresh.backbones)["seq2seq"]  # not built before this look
     assert not list(tmp_path.glob("backbones-*"))  # asking for the mBART builds no encoder
 
 
@@ -148,11 +150,13 @@ def rc3(world, *overrides):
             *overrides,
         ]
     )
-    return RC3(cfg.method, cfg.optim, world.info, cfg.evaluation)
+    return RC3(cfg.method, cfg.optim, with_backbones(world), cfg.evaluation)
 
 
 def test_rc3_starts_from_the_world_mbart(world):
-    saved = MBartModel.from_pretrained(world.info.backbones["seq2seq"]["pretrained"]).state_dict()
+    saved = MBartModel.from_pretrained(
+        world_backbones(world.backbones)["seq2seq"]["pretrained"]
+    ).state_dict()
     module = rc3(world)
     net = module.net.model.state_dict()
     for name in (
@@ -169,7 +173,7 @@ def test_rc3_starts_from_the_world_mbart(world):
 def test_rc3_names_a_mismatched_architecture_and_data_without_the_world_mbart(world):
     with pytest.raises(ValueError, match=r"d_model=64 \(world mBART: 32\).*fixes the architecture"):
         rc3(world, "method.backbone.d_model=64")
-    info = dataclasses.replace(world.info, backbones={})
+    info = dataclasses.replace(with_backbones(world), backbones={})
     cfg = compose(
         [
             "method=rc3",
@@ -204,7 +208,7 @@ def test_the_first_stage_reads_frozen_encoders_and_only_its_probe_heads_train(wo
 
 
 def test_a_first_stage_on_data_without_world_encoders_names_the_config_key(world):
-    info = dataclasses.replace(world.info, backbones={})
+    info = dataclasses.replace(with_backbones(world), backbones={})
     cfg = compose(
         [
             "method=rc3",

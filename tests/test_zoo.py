@@ -16,7 +16,7 @@ from external_models import (
 )
 from test_external import assert_same_scores, run_cli, world_overrides
 
-from experiments import external, leaderboard, zoo
+from experiments import eval_zoo, external, leaderboard, zoo
 from experiments.config import ConfigError
 
 CORPUS = ["a red square on the left", "ein grüner Kreis unten", "左に赤い四角"] * 4
@@ -272,7 +272,7 @@ def test_eval_zoo_scores_each_local_model_once_and_lists_the_skipped_with_reason
         pretrained="laion400m_e32",
     )
     runs = tmp_path / "runs"
-    zoo.main(["device=cpu", *world_overrides(world, runs)])
+    eval_zoo.main(["device=cpu", *world_overrides(world, runs)])
     out = capsys.readouterr().out
     rows = leaderboard.aggregate(leaderboard.load_results(runs))
     assert sorted(r["method"] for r in rows) == sorted(f"zoo:{name}" for name in local)

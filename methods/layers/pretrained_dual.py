@@ -227,7 +227,7 @@ def unpinned_code(spec: DualSpec) -> str | None:
 def _open_clip_model(spec: DualSpec):
     import open_clip
 
-    from methods.layers.encoders import load_state_dict_file
+    from methods.layers.weights import load_state_dict_file
 
     local = Path(spec.pretrained) if spec.pretrained else None
     weights = [local] if local is not None and local.is_file() else []
@@ -352,7 +352,7 @@ def _mclip_model(spec: DualSpec) -> tuple[MClipDual, Any]:
             break
     if not weights:
         raise PretrainedModelError(f"{spec.label}: no model.safetensors or pytorch_model.bin")
-    from methods.layers.encoders import load_state_dict_file
+    from methods.layers.weights import load_state_dict_file
 
     state = {}
     for key, value in load_state_dict_file(weights).items():

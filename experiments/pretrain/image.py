@@ -7,13 +7,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import torch
 import torch.nn.functional as F
 
-from ..datasets import ImageTransform
-from ..records import Record
-from .scene import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, SIZES, Scene
+from datamodules.datasets import ImageTransform
+from datamodules.records import Record
+from datamodules.synthetic.scene import BACKGROUNDS, COLOURS, POSITIONS, SHAPES, SIZES, Scene
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,7 @@ def pretrain_image(
 
     torch.manual_seed(seed)
     generator = torch.Generator().manual_seed(seed)
-    images = torch.stack([transform(image_root / r.image) for r in records])
+    images = torch.stack([transform(image_root / cast(str, r.image)) for r in records])
     labels = targets(records)
     held = max(1, len(records) // 10)
     train_x, train_y, test_x, test_y = images[held:], labels[held:], images[:held], labels[:held]

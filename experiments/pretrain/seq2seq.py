@@ -18,9 +18,9 @@ import torch
 import torch.nn.functional as F
 from transformers import MBartConfig, MBartModel
 
-from ..records import Record
-from ..tokenization import Tokenizer
-from .pretrain_text import CaptionTable, pad
+from datamodules.records import Record
+from datamodules.tokenization import Tokenizer
+from experiments.pretrain.text import CaptionTable, pad
 
 
 @dataclass(frozen=True)

@@ -1,22 +1,24 @@
-"""The synthetic world's own pretrained backbones, built once and cached, in the formats the real
-loaders read: a Hugging Face folder (``text/``, loaded by ``hf:<path>``) holding a tiny XLM-R and
-the data tokenizer, and a timm state dict (``image/model.pth``) of a tiny ViT.
+"""Build the synthetic world's own pretrained backbones once and cache them, in the formats the
+real loaders read: a Hugging Face folder (``text/``, loaded by ``hf:<path>``) holding a tiny XLM-R
+and the data tokenizer, and a timm state dict (``image/model.pth``) of a tiny ViT.
 
 Method presets name them ``world`` (``image_encoder.name: world``, ``text_encoder.name: world``);
 RC3 names the world's tiny mBART (``method.backbone.pretrained: world``), built only when asked
-for into its own folder ``<root>/seq2seq-<digest>/``;
-``DataInfo.backbones`` carries the encoder settings that name resolves to (see
-``methods.layers.encoders.resolve_world``). The cache folder is
+for into its own folder ``<root>/seq2seq-<digest>/``. The data gives a handle
+(``CCRDataModule.backbones``: what they learn from); :func:`with_backbones` turns it into the
+``DataInfo.backbones`` a method reads, the settings each name resolves to (see
+``methods.layers.encoders.resolve_world``), built on first look. The cache folder is
 ``<root>/backbones-<digest>/``, the digest covering the world, the tokenizer, the image settings
 and the recipe; a finished build is moved into place atomically, like the world itself.
 
-``make pretrain`` (``python -m datamodules.synthetic.backbones [overrides]``) builds them ahead of
-a run; a run builds them when they are missing.
+``make pretrain`` (``python -m experiments.pretrain [overrides]``) builds them ahead of a run; a
+run builds them when they are missing.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
 import json
 import os
@@ -24,21 +26,25 @@ import random
 import shutil
 import sys
 import time
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import asdict, dataclass, fields, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 import torch.nn.functional as F
+from lightning.pytorch.utilities import rank_zero_info
 from lightning.pytorch.utilities.seed import isolate_rng
 
-from ..datasets import ImageTransform
-from ..records import Record
-from ..tokenization import Tokenizer
-from .pretrain_image import ImageRecipe, pretrain_image
-from .pretrain_seq2seq import Seq2SeqRecipe, pretrain_seq2seq
-from .pretrain_text import TextRecipe, pretrain_text
+from datamodules.datamodule import CCRDataModule, DataInfo
+from datamodules.datasets import ImageTransform
+from datamodules.records import Record
+from datamodules.synthetic.source import WorldBackbones
+from datamodules.tokenization import Tokenizer
+from experiments.config import ConfigError, compose
+from experiments.pretrain.image import ImageRecipe, pretrain_image
+from experiments.pretrain.seq2seq import Seq2SeqRecipe, pretrain_seq2seq
+from experiments.pretrain.text import TextRecipe, pretrain_text
 
 BACKBONES_VERSION = 1
 TEXT_DIR, IMAGE_FILE, SUMMARY, SEQ2SEQ_DIR = "text", "image/model.pth", "backbones.json", "seq2seq"
@@ -87,7 +93,8 @@ class LazyBackbones(Mapping):
     checkpoint's hyper-parameters take) is a plain dict of what was built, and never builds."""
 
     def __init__(self, builders: Mapping[str, Callable[[], dict]]):
-        self._builders, self._specs = dict(builders), {}
+        self._builders = dict(builders)
+        self._specs: dict[str, dict] = {}
 
     def __getitem__(self, key: str) -> dict:
         if key not in self._specs:
@@ -109,7 +116,7 @@ def tokenizer_digest(tokenizer: Tokenizer) -> str:
     without the padding and truncation settings, which tokenising a batch changes in place."""
     raw = getattr(tokenizer, "raw", None)
     if raw is None:
-        text = str(tokenizer.hf.name_or_path)
+        text = str(cast(Any, tokenizer).hf.name_or_path)  # a Hugging Face tokenizer
     else:
         state = {
             k: v for k, v in json.loads(raw.to_str()).items() if k not in ("padding", "truncation")
@@ -349,11 +356,68 @@ def translation_preference(
     return wins / max(total, 1)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """``make pretrain``: build the default world, its tokenizer and its backbones."""
-    from datamodules.datamodule import CCRDataModule
-    from experiments.config import ConfigError, compose
+def world_encoders(world: WorldBackbones) -> dict[str, dict]:
+    """The world's tiny XLM-R and ViT (``name: world``), built unless cached."""
+    recipe = BackboneRecipe.from_config(world.recipe)
+    target = backbone_dir(
+        world.root, world.world, world.tokenizer, world.encoder_settings(), recipe
+    )
+    if not (target / SUMMARY).exists():
+        rank_zero_info(f"building the world's pretrained backbones in {target}")
+        build_backbones(
+            target,
+            world.pretrain_records(),
+            world.languages,
+            world.tokenizer,
+            world.max_length,
+            world.pretrain_split() / "images",
+            world.image_transform(),
+            recipe,
+            check=world.check_records(),
+        )
+    return encoder_specs(target, recipe, world.image_size)
 
+
+def world_seq2seq(world: WorldBackbones) -> dict:
+    """The world's tiny mBART (RC3's ``backbone.pretrained: world``), on the encoders' seed,
+    built unless cached."""
+    recipe = BackboneRecipe.from_config(world.recipe)
+    target = seq2seq_dir(world.root, world.world, world.tokenizer, world.seq2seq_settings(), recipe)
+    if not (target / SUMMARY).exists():
+        rank_zero_info(f"building the world's pretrained mBART in {target}")
+        build_seq2seq(
+            target,
+            world.pretrain_records(),
+            world.languages,
+            world.tokenizer,
+            world.max_length,
+            recipe,
+        )
+    return seq2seq_spec(target)
+
+
+def world_backbones(world: WorldBackbones | None) -> Mapping[str, dict]:
+    """``DataInfo.backbones`` for this handle: each backbone's settings, built (or read from the
+    cache) on first look; empty without a handle (real data, ``data.backbones: null``)."""
+    if world is None:
+        return {}
+    encoders = functools.cache(lambda: world_encoders(world))
+    return LazyBackbones(
+        {
+            "text": lambda: encoders()["text"],
+            "image": lambda: encoders()["image"],
+            "seq2seq": lambda: world_seq2seq(world),
+        }
+    )
+
+
+def with_backbones(data: CCRDataModule) -> DataInfo:
+    """What a method is built from: the data's ``info`` with the backbones its handle names."""
+    return replace(data.info, backbones=world_backbones(data.backbones))
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    """``make pretrain``: build the default world, its tokenizer and its backbones."""
     try:
         cfg = compose(["data=synthetic", *(sys.argv[1:] if argv is None else argv)])
     except ConfigError as err:
@@ -361,12 +425,8 @@ def main(argv: list[str] | None = None) -> None:
     data = CCRDataModule(cfg.data, seed=cfg.seed)
     data.prepare_data()
     data.setup("fit")
-    for kind, spec in data.info.backbones.items():
+    for kind, spec in world_backbones(data.backbones).items():
         print(
             f"{kind}: {spec.get('name', 'mBART')}"
             + (f" (weights {spec['pretrained']})" if isinstance(spec["pretrained"], str) else "")
         )
-
-
-if __name__ == "__main__":
-    main()

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from transformers import XLMRobertaConfig, XLMRobertaForMaskedLM
 
-from ..records import Record
-from ..tokenization import Tokenizer
+from datamodules.records import Record
+from datamodules.tokenization import Tokenizer
 
 IGNORE = -100
 FINE_TUNING_DROPOUT = 0.1  # XLM-R's hidden and attention dropout, which the saved config carries
