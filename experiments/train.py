@@ -231,7 +231,7 @@ def _train_stages(
             resumed_from = step if resumed_from is None else resumed_from
             name = f"{folder.name}-resumed-at-{step}"
         if stage.extra_loaders is not None:
-            module.attach_loaders(stage.extra_loaders(data))
+            evaluated_module(module, stage).attach_loaders(stage.extra_loaders(data))
         position = TrainingPosition()
         selection = selection_checkpoint(cfg, folder) if final else None
         callbacks = [

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch import Tensor
@@ -22,10 +22,20 @@ from torch.utils.data import DataLoader
 
 from methods.layers.batches import fill_rows, first_rows
 
-if TYPE_CHECKING:
-    from methods.layers.base import RetrievalModule
-
 IMAGES, CAPTIONS = "images", "captions"  # the two sides of an evaluated split
+
+
+class Encoder(Protocol):
+    """What this module calls on a method (``RetrievalModule`` has all of it)."""
+
+    image_inputs: ClassVar[tuple[str, ...]]
+    caption_inputs: ClassVar[tuple[str, ...]]
+
+    def encode_images(self, *args: Any, **kwargs: Any) -> Tensor: ...
+    def encode_texts(self, *args: Any, **kwargs: Any) -> Tensor: ...
+    def image_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+    def text_cache(self, *args: Any, **kwargs: Any) -> Any: ...
+    def parameters(self) -> Any: ...
 
 
 class EvaluatedView(Protocol):
@@ -48,7 +58,7 @@ class EncodedBatch:
     cache: Tensor | Mapping[str, Tensor] | None = None
 
 
-def side_inputs(module: RetrievalModule, side: str, batch: Mapping[str, Any]) -> tuple[tuple, dict]:
+def side_inputs(module: Encoder, side: str, batch: Mapping[str, Any]) -> tuple[tuple, dict]:
     """(positional, keyword) arguments of ``module``'s encoders for one side of ``batch``."""
     if side == IMAGES:
         args, extra = (batch["images"],), module.image_inputs
@@ -60,7 +70,7 @@ def side_inputs(module: RetrievalModule, side: str, batch: Mapping[str, Any]) ->
 
 
 def encode_batch(
-    module: RetrievalModule,
+    module: Encoder,
     side: str,
     batch: Mapping[str, Any],
     rows: int | None,
@@ -85,9 +95,7 @@ def encode_batch(
 
 
 @torch.no_grad()
-def encode_view(
-    module: RetrievalModule, view: EvaluatedView, batch_size: int
-) -> tuple[Tensor, Tensor]:
+def encode_view(module: Encoder, view: EvaluatedView, batch_size: int) -> tuple[Tensor, Tensor]:
     """(image embeddings ``[N, D]``, caption embeddings ``[T, D]``) of an evaluation view, in index
     order, from the batches evaluation encodes (``data.eval_batch_size``) by :func:`encode_batch`.
     The module should be in eval mode; its tensors' device is where the batches go."""
