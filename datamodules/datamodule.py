@@ -639,11 +639,12 @@ class CCRDataModule(L.LightningDataModule):
 
     def _stream_loader(self, languages: list[str], batch_size: int) -> shards.StreamLoader:
         """Training batches streamed from the train split's shards (``datamodules/shards.py``)."""
+        index = self.shard_index("train")
         collate = TrainCollate(
-            self.tokenizer, self.info.max_length, languages, len(self._labels), False
+            self.tokenizer, self.info.max_length, languages, len(self._labels), index.alignment
         )
         stream = shards.ShardStream(
-            self.shard_index("train"),
+            index,
             languages=languages,
             transform=self.image_transform(),
             collate=collate,

@@ -5,9 +5,12 @@ Layout of one split (``<root>/<split>/``), as img2dataset writes it plus an inde
 
 - ``shard-000000.tar`` ...: per sample ``<key>.jpg`` (or ``.png``, the encoded image) and
   ``<key>.json`` = ``{"id": ..., "captions": {"<lang>": [texts]}, "extras": {...}}``;
-- ``shards.json``: ``{"shards": [{"file", "samples"}], "languages", "captions_parallel", "labels"}``
-  (sample counts, so nothing is read to size an epoch; whether caption i of every language is a
-  translation of caption i of the others, as the source reader declared; object labels);
+- ``shards.json``: ``{"shards": [{"file", "samples"}], "languages", "captions_parallel", "labels",
+  "alignment"}`` (sample counts, so nothing is read to size an epoch; whether caption i of every
+  language is a translation of caption i of the others, as the source reader declared; object
+  labels; whether the records mark their alignment, ``extras.alignment`` "strict" | "weak", so
+  that batches carry ``alignment_weak`` as map-style ones do; an index without the field, written
+  before it existed, is read as true: the flag is then false wherever a sample is not marked);
 - ``captions.jsonl``: every sample's captions, one line per sample, for the offline tokenizer.
 
 How a training epoch streams (``ShardStream``): the shards are shuffled by (seed, epoch) and dealt
@@ -74,6 +77,7 @@ class ShardIndex:
     languages: tuple[str, ...]
     captions_parallel: bool
     labels: tuple[str, ...]
+    alignment: bool = True
 
     @classmethod
     def load(cls, folder: str | Path) -> ShardIndex:
@@ -98,6 +102,7 @@ class ShardIndex:
             tuple(raw["languages"]),
             bool(raw["captions_parallel"]),
             tuple(raw.get("labels", [])),
+            bool(raw.get("alignment", True)),
         )
 
     @property
@@ -405,7 +410,7 @@ def write_split(
     if shard_size < 1:
         raise ValueError(f"shard size must be >= 1, got {shard_size}")
     folder.mkdir(parents=True, exist_ok=True)
-    shards, labels = [], set()
+    shards, labels, alignment = [], set(), False
     with (folder / CAPTIONS).open("w", encoding="utf-8") as captions:
         for number, start in enumerate(range(0, len(records), shard_size)):
             name = f"shard-{number:06d}.tar"
@@ -423,6 +428,7 @@ def write_split(
                     )
                     captions.write(json.dumps(record.captions, ensure_ascii=False) + "\n")
                     labels.update(record.extras.get("objects", []))
+                    alignment = alignment or "alignment" in record.extras
             shards.append({"file": name, "samples": len(chunk)})
     (folder / INDEX).write_text(
         json.dumps(
@@ -431,6 +437,7 @@ def write_split(
                 "languages": list(languages),
                 "captions_parallel": captions_parallel,
                 "labels": sorted(labels),
+                "alignment": alignment,
             },
             indent=1,
         )
