@@ -250,7 +250,7 @@ class CCRDataModule(L.LightningDataModule):
     def shard_index(self, role: str) -> shards.ShardIndex:
         """The shard index of the split playing ``role`` (``<root>/<split>/shards.json``)."""
         split, _ = parse_split(self.cfg.splits[role], f"data.splits.{role}")
-        return shards.ShardIndex.load(Path(self.cfg.root) / split)
+        return shards.ShardIndex.load(Path(self.cfg.root) / split, self.languages)
 
     def check_split(self, role: str) -> None:
         """Read and validate the split playing ``role`` before training: every record, or for a
