@@ -147,6 +147,17 @@ def test_uneven_and_oversized_chunk_counts_keep_every_row():
         encode_in_chunks(lambda a, b: a, x, torch.zeros(4), chunks=2)
 
 
+def test_a_training_batch_norm_inside_a_micro_batch_is_refused_and_a_frozen_one_is_not():
+    """Batch statistics of a micro-batch are not the batch's: no recomputation makes them exact."""
+    encoder = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    x = torch.randn(8, 3)
+    with pytest.raises(ValueError, match=r"grad_cache_chunks: a BatchNorm1d in training mode"):
+        encode_in_chunks(encoder, x, chunks=2)
+    encoder.eval()
+    assert torch.allclose(encode_in_chunks(encoder, x, chunks=2), encoder(x), atol=1e-6)
+    assert torch.equal(encode_in_chunks(encoder.train(), x, chunks=1), encoder(x))
+
+
 def test_a_method_that_does_not_chunk_refuses_the_option():
     class Unchunked(RetrievalModule):
         """A method that never declares ``supports_grad_cache``."""
