@@ -3,6 +3,7 @@ step on a batch encoded in micro-batches moves every parameter as the step on th
 and the chunked passes really run on micro-batches (dropout off: masks are drawn per micro-batch)."""
 
 import math
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -11,6 +12,8 @@ import rc3_helpers
 import test_covlr_module as covlr_setup
 import test_mclip_method as mclip_setup
 import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from worlds import random_backbones
 
@@ -254,3 +257,55 @@ def test_rc3_pretraining_keeps_its_trackers_and_draws_under_micro_batches():
     for tracker in ("vt_tracker", "xtcl_tracker"):
         values = [getattr(m, tracker).p_avg() for m in modules]
         assert values[0] == pytest.approx(values[1], rel=1e-5), tracker
+
+
+# ---- two processes --------------------------------------------------------------------------------
+
+WORLD = 2
+DDP_CASES = ["cl2cm", "covlr meta cls", "mclip trikd", "mclip finetune", "rc3 pretrain"]
+
+
+def averaged_update(module, batch, loss_of):
+    """One SGD step's parameter changes with the gradient averaged over the processes (what DDP
+    does), the losses' own gathers and all-reduces running inside the step."""
+    module.train()
+    params = {n: p for n, p in module.named_parameters() if p.requires_grad}
+    before = {n: p.detach().clone() for n, p in params.items()}
+    torch.manual_seed(1)
+    loss_of(module, batch).backward()
+    for p in params.values():
+        grad = p.grad if p.grad is not None else torch.zeros_like(p)
+        dist.all_reduce(grad)
+        p.grad = grad / WORLD
+    torch.optim.SGD(params.values(), lr=1.0).step()
+    return {n: p.detach() - before[n] for n, p in params.items()}
+
+
+def ddp_worker(rank, init_file, out_dir):
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{init_file}", rank=rank, world_size=WORLD)
+    try:
+        results = {}
+        for name in DDP_CASES:
+            case = CASES[name]
+            batch = case.batch()
+            half = slice(rank * ROWS // WORLD, (rank + 1) * ROWS // WORLD)
+            local = {k: v[half] if len(v) == ROWS else v for k, v in batch.items()}
+            results[name] = [averaged_update(case.build(c), local, case.loss) for c in (1, 2)]
+        torch.save(results, os.path.join(out_dir, f"rank{rank}.pt"))
+    finally:
+        dist.destroy_process_group()
+
+
+@pytest.mark.slow
+def test_under_two_processes_micro_batches_move_every_parameter_as_whole_local_batches_do(
+    tmp_path,
+):
+    mp.spawn(ddp_worker, args=(str(tmp_path / "init"), str(tmp_path)), nprocs=WORLD, join=True)
+    for rank in range(WORLD):
+        results = torch.load(tmp_path / f"rank{rank}.pt")
+        for name in DDP_CASES:
+            whole, chunked = results[name]
+            assert any(delta.abs().sum() > 0 for delta in whole.values()), name
+            for param, delta in chunked.items():
+                assert torch.allclose(delta, whole[param], **TOLERANCE), (name, param)
