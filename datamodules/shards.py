@@ -195,12 +195,20 @@ def stats_successes(shard: Path) -> int | None:
     return successes
 
 
+def member_key(name: str) -> tuple[str, str]:
+    """A tar member's sample key and suffix, as webdataset groups them: the path up to the first
+    dot of its last component (``a/b.c.jpg`` -> ``a/b``, ``c.jpg``)."""
+    folder, slash, base = name.rpartition("/")
+    stem, _, suffix = base.partition(".")
+    return folder + slash + stem, suffix
+
+
 def tar_keys(shard: Path) -> list[str]:
     """The sample keys of a tar shard in order, from its member headers (contents not read)."""
     keys: list[str] = []
     with tarfile.open(shard) as tar:
         for member in tar:
-            key = member.name.split(".", 1)[0]
+            key = member_key(member.name)[0]
             if member.isfile() and (not keys or keys[-1] != key):
                 keys.append(key)
     return keys
@@ -212,7 +220,7 @@ def caption_members(shard: Path, language: str) -> Iterator[dict[str, list[str]]
     with tarfile.open(shard) as tar:
         samples: dict[str, dict[str, bytes]] = {}
         for member in tar:
-            key, _, suffix = member.name.partition(".")
+            key, suffix = member_key(member.name)
             if member.isfile() and suffix in ("txt", "json"):
                 samples.setdefault(key, {})[suffix] = tar.extractfile(member).read()
     for key, members in samples.items():

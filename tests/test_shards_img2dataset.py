@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 from test_shards import stream
 
-from datamodules.shards import ShardIndex, StreamLoader, sampled_check
+from datamodules.shards import ShardIndex, StreamLoader, member_key, sampled_check
 from experiments.config import compose
 from experiments.train import build_datamodule
 
@@ -75,6 +75,11 @@ def test_img2dataset_shards_stream_their_txt_captions_in_the_configured_language
     assert list(index.caption_rows()) == [
         {"en": [f"a photo number {k}"]} for k in range(16) if k != 3
     ]
+
+
+def test_member_names_group_into_samples_as_webdataset_groups_them():
+    assert member_key("000000001.jpg") == ("000000001", "jpg")
+    assert member_key("./00000/000000001.tar.json") == ("./00000/000000001", "tar.json")
 
 
 def test_without_stats_files_the_sample_counts_come_from_the_tar_headers(tmp_path):
