@@ -261,7 +261,7 @@ class CCRDataModule(L.LightningDataModule):
     def shard_index(self, role: str) -> shards.ShardIndex:
         """The shard index of the split playing ``role`` (``<root>/<split>/shards.json``)."""
         split, _ = parse_split(self.cfg.splits[role], f"data.splits.{role}")
-        return shards.ShardIndex.load(Path(self.cfg.root) / split)
+        return shards.ShardIndex.load(Path(self.cfg.root) / split, self.languages)
 
     def check_split(self, role: str) -> None:
         """Read and validate the split playing ``role`` before training: every record, or for a
@@ -594,11 +594,12 @@ class CCRDataModule(L.LightningDataModule):
 
     def _stream_loader(self, languages: list[str], batch_size: int) -> shards.StreamLoader:
         """Training batches streamed from the train split's shards (``datamodules/shards.py``)."""
+        index = self.shard_index("train")
         collate = TrainCollate(
-            self.tokenizer, self.info.max_length, languages, len(self._labels), False
+            self.tokenizer, self.info.max_length, languages, len(self._labels), index.alignment
         )
         stream = shards.ShardStream(
-            self.shard_index("train"),
+            index,
             languages=languages,
             transform=self.image_transform(),
             collate=collate,

@@ -6,10 +6,22 @@ Layout of one split (``<root>/<split>/``), as img2dataset writes it plus an inde
 
 - ``shard-000000.tar`` ...: per sample ``<key>.jpg`` (or ``.png``, the encoded image) and
   ``<key>.json`` = ``{"id": ..., "captions": {"<lang>": [texts]}, "extras": {...}}``;
-- ``shards.json``: ``{"shards": [{"file", "samples"}], "languages", "captions_parallel", "labels"}``
-  (sample counts, so nothing is read to size an epoch; whether caption i of every language is a
-  translation of caption i of the others, as the source reader declared; object labels);
+- ``shards.json``: ``{"shards": [{"file", "samples"}], "languages", "captions_parallel", "labels",
+  "alignment"}`` (sample counts, so nothing is read to size an epoch; whether caption i of every
+  language is a translation of caption i of the others, as the source reader declared; object
+  labels; whether the records mark their alignment, ``extras.alignment`` "strict" | "weak", so
+  that batches carry ``alignment_weak`` as map-style ones do; an index without the field, written
+  before it existed, is read as true: the flag is then false wherever a sample is not marked);
 - ``captions.jsonl``: every sample's captions, one line per sample, for the offline tokenizer.
+
+img2dataset's own output (``<shard>.tar`` with ``<key>.jpg``, ``<key>.txt`` = the caption and
+``<key>.json`` = download metadata; ``<shard>_stats.json``; no ``shards.json``) is read as it is:
+each shard's sample count is its stats file's ``successes`` (or, without one, the number of keys in
+its tar headers, read without the images), the captions are the ``.txt`` members in the one
+configured language (``data.languages``; a caption file says nothing of its language, so several
+configured languages are an error), not parallel, without labels or alignment marks. A sample whose
+``.json`` holds ``captions`` (this suite's layout) uses those instead. Samples without caption or
+image are dropped and counted like any bad sample.
 
 How a training epoch streams (``ShardStream``): the shards are shuffled by (seed, epoch) and dealt
 round-robin to S *slots* (``data.stream_slots``, a multiple of the W processes); process r owns S/W
@@ -40,9 +52,11 @@ epochs and exact resume are done here because webdataset's own (``split_by_node`
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import random
+import tarfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -60,6 +74,7 @@ from .records import Record
 
 INDEX = "shards.json"
 CAPTIONS = "captions.jsonl"
+STATS = "_stats.json"  # img2dataset's per-shard statistics: <shard>_stats.json
 IMAGE_SUFFIXES = ("jpg", "jpeg", "png", "webp")
 SAMPLED_CHECK = 4  # shards whose first sample is decoded before training (not the whole data)
 
@@ -74,15 +89,22 @@ class ShardIndex:
     languages: tuple[str, ...]
     captions_parallel: bool
     labels: tuple[str, ...]
+    alignment: bool = True
+    caption_language: str | None = None  # img2dataset output: the language of its .txt captions
 
     @classmethod
-    def load(cls, folder: str | Path) -> ShardIndex:
+    def load(cls, folder: str | Path, languages: Sequence[str] | None = None) -> ShardIndex:
+        """The split's ``shards.json``, or, without one, its img2dataset shards read as they are
+        (their captions in the one language of ``languages``, see the module docstring)."""
         folder = Path(folder)
         path = folder / INDEX
+        if not path.is_file() and any(folder.glob("*.tar")):
+            return img2dataset_index(folder, languages)
         if not path.is_file():
             raise FileNotFoundError(
-                f"{path}: no shard index (write shards with "
-                "`python -m experiments.shards write`, docs/scale.md)"
+                f"{path}: no shard index and no .tar shards (write shards with "
+                "`python -m experiments.shards write`, or point at img2dataset output; "
+                "docs/scale.md)"
             )
         raw = json.loads(path.read_text())
         for key in ("shards", "languages", "captions_parallel"):
@@ -98,6 +120,7 @@ class ShardIndex:
             tuple(raw["languages"]),
             bool(raw["captions_parallel"]),
             tuple(raw.get("labels", [])),
+            bool(raw.get("alignment", True)),
         )
 
     @property
@@ -105,10 +128,125 @@ class ShardIndex:
         return sum(self.samples)
 
     def caption_rows(self) -> Iterator[dict[str, list[str]]]:
-        """Every sample's captions in shard order (``captions.jsonl``), for the tokenizer."""
+        """Every sample's captions in shard order (``captions.jsonl``, or an img2dataset split's
+        caption members), for the tokenizer."""
+        if self.caption_language is not None:
+            for name in self.files:
+                yield from caption_members(self.folder / name, self.caption_language)
+            return
         with (self.folder / CAPTIONS).open(encoding="utf-8") as f:
             for line in f:
                 yield json.loads(line)
+
+
+def img2dataset_index(folder: Path, languages: Sequence[str] | None) -> ShardIndex:
+    """The index of an img2dataset split (no ``shards.json``), its captions in the one language
+    of ``languages``."""
+    if languages is None or len(languages) != 1:
+        raise ValueError(
+            f"{folder}: img2dataset shards (no {INDEX}) hold one .txt caption per sample and do "
+            f"not say its language; set data.languages to that one language (got {languages})"
+        )
+    tars = sorted(folder.glob("*.tar"))
+    listing = tuple((p.name, p.stat().st_size, p.stat().st_mtime_ns) for p in tars)
+    return _img2dataset_index(str(folder), listing, languages[0])
+
+
+@functools.cache
+def _img2dataset_index(folder: str, listing: tuple, language: str) -> ShardIndex:
+    """``img2dataset_index`` for one state of the folder (``listing``: tar names, sizes and
+    modification times), built once per process."""
+    root, counts, counted = Path(folder), [], 0
+    for name, _, _ in listing:
+        declared = stats_successes(root / name)
+        if declared is None:
+            declared, counted = len(tar_keys(root / name)), counted + 1
+        counts.append(declared)
+    index = ShardIndex(
+        root,
+        tuple(n for n, _, _ in listing),
+        tuple(counts),
+        (language,),
+        False,
+        (),
+        False,
+        language,
+    )
+    rank_zero_info(
+        f"{root}: img2dataset shards without {INDEX}: {len(counts)} shards, {index.total} samples"
+        f" ({counted} shards counted from their tar headers for want of a {STATS}); .txt captions"
+        f" read as {language!r}"
+    )
+    return index
+
+
+def stats_successes(shard: Path) -> int | None:
+    """The sample count img2dataset wrote beside ``shard`` (``successes`` of its stats file), or
+    None without a stats file."""
+    path = shard.with_name(shard.stem + STATS)
+    if not path.is_file():
+        return None
+    try:
+        successes = json.loads(path.read_text()).get("successes")
+    except (json.JSONDecodeError, UnicodeDecodeError, AttributeError) as error:
+        raise ValueError(f"{path}: not an img2dataset stats object ({error})") from None
+    if not isinstance(successes, int) or successes < 0:
+        raise ValueError(f"{path}: field 'successes' must be a count, got {successes!r}")
+    return successes
+
+
+def member_key(name: str) -> tuple[str, str]:
+    """A tar member's sample key and suffix, as webdataset groups them: the path up to the first
+    dot of its last component (``a/b.c.jpg`` -> ``a/b``, ``c.jpg``)."""
+    folder, slash, base = name.rpartition("/")
+    stem, _, suffix = base.partition(".")
+    return folder + slash + stem, suffix
+
+
+def tar_keys(shard: Path) -> list[str]:
+    """The sample keys of a tar shard in order, from its member headers (contents not read)."""
+    keys: list[str] = []
+    with tarfile.open(shard) as tar:
+        for member in tar:
+            key = member_key(member.name)[0]
+            if member.isfile() and (not keys or keys[-1] != key):
+                keys.append(key)
+    return keys
+
+
+def caption_members(shard: Path, language: str) -> Iterator[dict[str, list[str]]]:
+    """Per sample of an img2dataset shard: its captions (``.json`` ``captions`` when present, else
+    the ``.txt`` caption as ``language``), reading only the text members."""
+    with tarfile.open(shard) as tar:
+        samples: dict[str, dict[str, bytes]] = {}
+        for member in tar:
+            key, suffix = member_key(member.name)
+            if member.isfile() and suffix in ("txt", "json"):
+                samples.setdefault(key, {})[suffix] = tar.extractfile(member).read()
+    for key, members in samples.items():
+        captions = sample_captions(members, language, f"{shard}: sample {key}")
+        if captions:
+            yield captions
+
+
+def sample_captions(sample: dict, language: str | None, where: str) -> dict[str, list[str]]:
+    """A raw sample's captions by language: its ``.json`` ``captions``, or (img2dataset output,
+    ``language`` set) its ``.txt`` caption; a bad ``.json`` raises ``ValueError`` naming it."""
+    meta = {}
+    if "json" in sample:
+        try:
+            meta = json.loads(sample["json"])
+        except (json.JSONDecodeError, UnicodeDecodeError) as error:
+            raise ValueError(f"{where}: .json is not valid JSON ({error})") from None
+    captions = meta.get("captions") if isinstance(meta, dict) else None
+    if captions is None and language is not None:
+        text = sample["txt"].decode("utf-8") if "txt" in sample else meta.get("caption")
+        captions = {language: [text]} if isinstance(text, str) and text.strip() else {}
+    if not isinstance(captions, dict):
+        raise ValueError(f"{where}: .json field 'captions' must map language -> list of texts")
+    return {
+        lang: [texts] if isinstance(texts, str) else list(texts) for lang, texts in captions.items()
+    }
 
 
 def raw_samples(paths: Sequence[Path]) -> Iterator[dict]:
@@ -122,27 +260,20 @@ def raw_samples(paths: Sequence[Path]) -> Iterator[dict]:
     return group_by_keys(tar_file_expander(streams()))
 
 
-def decode_record(sample: dict) -> tuple[Record, bytes]:
-    """A raw sample's record and encoded image; a bad sample raises ``ValueError`` naming it."""
+def decode_record(sample: dict, caption_language: str | None = None) -> tuple[Record, bytes]:
+    """A raw sample's record and encoded image; a bad sample raises ``ValueError`` naming it.
+    ``caption_language``: an img2dataset split's, whose captions are ``.txt`` members."""
     where = f"{sample.get('__url__')}: sample {sample.get('__key__')}"
-    if "json" not in sample:
+    if "json" not in sample and caption_language is None:
         raise ValueError(f"{where}: no .json member")
     image = next((sample[s] for s in IMAGE_SUFFIXES if s in sample), None)
     if image is None:
         raise ValueError(f"{where}: no image member ({', '.join(IMAGE_SUFFIXES)})")
-    try:
-        meta = json.loads(sample["json"])
-    except (json.JSONDecodeError, UnicodeDecodeError) as error:
-        raise ValueError(f"{where}: .json is not valid JSON ({error})") from None
-    captions = meta.get("captions")
-    if not isinstance(captions, dict):
-        raise ValueError(f"{where}: .json field 'captions' must map language -> list of texts")
-    captions = {
-        lang: [texts] if isinstance(texts, str) else list(texts) for lang, texts in captions.items()
-    }
-    return Record(
-        str(meta.get("id", sample["__key__"])), None, captions, meta.get("extras") or {}
-    ), image
+    captions = sample_captions(sample, caption_language, where)
+    meta = json.loads(sample["json"]) if "json" in sample else {}
+    meta = meta if isinstance(meta, dict) else {}
+    extras = (meta.get("extras") if caption_language is None else None) or {}
+    return Record(str(meta.get("id", sample["__key__"])), None, captions, extras), image
 
 
 def requested(record: Record, languages: Sequence[str]) -> Record:
@@ -267,7 +398,7 @@ class ShardStream(IterableDataset):
     def item(self, sample: dict, slot: int, position: int) -> dict | str:
         """A training item, or (for a sample that is dropped) why, naming the sample."""
         try:
-            record, image = decode_record(sample)
+            record, image = decode_record(sample, self.index.caption_language)
             record = requested(record, self.languages)
             if not record.captions:
                 return f"{sample['__url__']}: sample {sample['__key__']} has no caption in {self.languages}"
@@ -362,7 +493,7 @@ def sampled_check(index: ShardIndex, languages: Sequence[str]) -> None:
         sample = next(iter(raw_samples([index.folder / name])), None)
         if sample is None:
             raise ValueError(f"{index.folder / name}: empty shard")
-        _, image = decode_record(sample)
+        _, image = decode_record(sample, index.caption_language)
         try:
             ImageTransform(8, (0, 0, 0), (1, 1, 1))(io.BytesIO(image))
         except OSError as error:
@@ -377,7 +508,7 @@ def extract(index: ShardIndex, target: Path) -> list[Record]:
     ``target`` (written once): evaluation then uses the map-style path with full validation."""
     records, done = [], target / "records.done"
     for sample in raw_samples([index.folder / f for f in index.files]):
-        record, image = decode_record(sample)
+        record, image = decode_record(sample, index.caption_language)
         suffix = next(s for s in IMAGE_SUFFIXES if s in sample)
         record.image = f"{target.name}/{sample['__key__']}.{suffix}"
         if not done.exists():
@@ -405,7 +536,7 @@ def write_split(
     if shard_size < 1:
         raise ValueError(f"shard size must be >= 1, got {shard_size}")
     folder.mkdir(parents=True, exist_ok=True)
-    shards, labels = [], set()
+    shards, labels, alignment = [], set(), False
     with (folder / CAPTIONS).open("w", encoding="utf-8") as captions:
         for number, start in enumerate(range(0, len(records), shard_size)):
             name = f"shard-{number:06d}.tar"
@@ -423,6 +554,7 @@ def write_split(
                     )
                     captions.write(json.dumps(record.captions, ensure_ascii=False) + "\n")
                     labels.update(record.extras.get("objects", []))
+                    alignment = alignment or "alignment" in record.extras
             shards.append({"file": name, "samples": len(chunk)})
     (folder / INDEX).write_text(
         json.dumps(
@@ -431,6 +563,7 @@ def write_split(
                 "languages": list(languages),
                 "captions_parallel": captions_parallel,
                 "labels": sorted(labels),
+                "alignment": alignment,
             },
             indent=1,
         )

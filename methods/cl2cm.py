@@ -37,6 +37,7 @@ from methods.layers.cross_lingual import (
 )
 from methods.layers.distributed import gather_with_grad
 from methods.layers.encoders import ImageEncoder, TextEncoder, TextOutput
+from methods.layers.grad_cache import encode_in_chunks
 from methods.layers.heads import ProjectionHead
 from methods.layers.optimal_transport import (
     attention_pseudo_labels,
@@ -68,7 +69,12 @@ def resolve_settings(method) -> OmegaConf:
 @register("cl2cm")
 class CL2CM(RetrievalModule):
     """Image encoder (+ a linear head when its width is not ``embed_dim``), the shared multilingual
-    text encoder G and the CM text head Linear(H -> embed_dim); τ_n for both InfoNCE terms."""
+    text encoder G and the CM text head Linear(H -> embed_dim); τ_n for both InfoNCE terms.
+
+    With ``optim.grad_cache_chunks`` > 1 the image pass and both caption passes run in that many
+    micro-batches (``encode_in_chunks``); every loss term still sees the whole batch."""
+
+    supports_grad_cache = True
 
     @classmethod
     def check_config(cls, method, languages: list[str]) -> None:
@@ -109,16 +115,21 @@ class CL2CM(RetrievalModule):
         """Every enabled loss term of one batch of triples (keys as logged under ``loss/``)."""
         cfg = self.settings
         tau_n = self.temperature()
-        target = self.text_encoder(
-            *trim_padding(batch["tgt_input_ids"], batch["tgt_attention_mask"])
+        chunks = self.grad_cache_chunks
+        target = encode_in_chunks(
+            self.text_encoder,
+            *trim_padding(batch["tgt_input_ids"], batch["tgt_attention_mask"]),
+            chunks=chunks,
         )
         f_t = self.text_features(target)
-        f_v = self.encode_images(batch["images"])
+        f_v = encode_in_chunks(self.encode_images, batch["images"], chunks=chunks)
         losses = {"cm_inst": info_nce(f_v, f_t, tau_n)}
         if not (cfg.use_cl_inst or cfg.use_word_align or cfg.use_ckt):
             return losses  # the baseline: the CM network alone
-        source = self.text_encoder(
-            *trim_padding(batch["src_input_ids"], batch["src_attention_mask"])
+        source = encode_in_chunks(
+            self.text_encoder,
+            *trim_padding(batch["src_input_ids"], batch["src_attention_mask"]),
+            chunks=chunks,
         )
         ws, wt = word_mask(source.mask), word_mask(target.mask)
         hs, ht = F.normalize(source.states, dim=-1), F.normalize(target.states, dim=-1)

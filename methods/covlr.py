@@ -39,6 +39,7 @@ from methods.layers.batches import sample_one_language, trim_padding
 from methods.layers.contrastive import info_nce
 from methods.layers.encoders import ImageEncoder, TextEncoder
 from methods.layers.fusion import FusionEncoder
+from methods.layers.grad_cache import encode_in_chunks
 from methods.layers.heads import ProjectionHead
 from methods.layers.init_weights import bert_init_
 from methods.layers.intra_modal import soft_label_cross_entropy, view_info_nce
@@ -156,7 +157,13 @@ class TrainingView:
 
 @register("covlr")
 class CoVLR(RetrievalModule):
-    """Image / text towers, two cross-modal encoders, ITC / MLM / MPM heads (Θ_cro), uni heads (Θ_uni)."""
+    """Image / text towers, two cross-modal encoders, ITC / MLM / MPM heads (Θ_cro), uni heads (Θ_uni).
+
+    With ``optim.grad_cache_chunks`` > 1 every tower and cross-modal encoder pass of both tasks, at Θ
+    and at Θ', runs in that many micro-batches (``encode_in_chunks``): the losses, the inner
+    gradient and the virtual step are those of the whole batch."""
+
+    supports_grad_cache = True
 
     def __init__(self, method, optim, data, evaluation):
         super().__init__(method, optim, data, evaluation)
@@ -294,6 +301,18 @@ class CoVLR(RetrievalModule):
         """``tower`` (the text tower, or a functional call of it) over length buckets."""
         return encode_in_buckets(tower, input_ids, attention_mask, self.method_cfg.length_buckets)
 
+    def chunked(self, encode, *inputs: Tensor):
+        """``encode(*inputs)`` in ``optim.grad_cache_chunks`` micro-batches (training)."""
+        return encode_in_chunks(encode, *inputs, chunks=self.grad_cache_chunks)
+
+    def chunked_text(
+        self, tower, input_ids: Tensor, attention_mask: Tensor
+    ) -> tuple[Tensor, Tensor]:
+        """``encode_text`` in ``optim.grad_cache_chunks`` micro-batches (training)."""
+        return self.chunked(
+            lambda ids, mask: self.encode_text(tower, ids, mask), input_ids, attention_mask
+        )
+
     # ---- training --------------------------------------------------------------------------------
 
     def on_fit_start(self) -> None:
@@ -398,8 +417,8 @@ class CoVLR(RetrievalModule):
     def cross_modal_losses(self, view: TrainingView) -> dict[str, Tensor]:
         """The meta-train task at Θ: ITC (+ MLM, + MPM when switched on), §3.1."""
         cfg = self.method_cfg
-        image_tokens = self.image_tower(view.images)
-        text_states, text_pooled = self.encode_text(
+        image_tokens = self.chunked(self.image_tower, view.images)
+        text_states, text_pooled = self.chunked_text(
             self.text_tower, view.input_ids, view.attention_mask
         )
         losses = {
@@ -423,8 +442,8 @@ class CoVLR(RetrievalModule):
             self.special_token_ids,
             self.method_cfg.mask_probability,
         )
-        states = self.encode_text(self.text_tower, masked.input_ids, view.attention_mask)[0]
-        fused = self.cross_i2t(states, view.attention_mask, image_tokens)
+        states = self.chunked_text(self.text_tower, masked.input_ids, view.attention_mask)[0]
+        fused = self.chunked(self.cross_i2t, states, view.attention_mask, image_tokens)
         selected = masked.labels != IGNORE_INDEX
         return F.cross_entropy(self.mlm_head(fused[selected]).float(), masked.labels[selected])
 
@@ -434,7 +453,7 @@ class CoVLR(RetrievalModule):
         """Corrupt visual tokens, let them attend to the clean caption, regress the clean tokens."""
         masked = mask_patches(image_tokens, self.mask_vector, self.method_cfg.mask_probability)
         query_mask = torch.ones(masked.selected.shape, dtype=torch.bool, device=image_tokens.device)
-        fused = self.cross_t2i(masked.tokens, query_mask, text_states, text_mask)
+        fused = self.chunked(self.cross_t2i, masked.tokens, query_mask, text_states, text_mask)
         prediction = self.mpm_head(fused[masked.selected]).float()
         return F.mse_loss(prediction, image_tokens.detach()[masked.selected].float())
 
@@ -444,15 +463,17 @@ class CoVLR(RetrievalModule):
         losses = {}
         if cfg.use_uni_img:
             image_params = sub_params(theta, "image_tower")
+
+            def image_tower(images: Tensor) -> Tensor:
+                return functional_call(self.image_tower, image_params, (images,))
+
             if self.uni_mode == "cls":
-                tokens = functional_call(self.image_tower, image_params, (view.images,))
+                tokens = self.chunked(image_tower, view.images)
                 losses["uni_img"] = soft_label_cross_entropy(
                     self.image_uni_head(tokens[:, 0]), view.objects
                 )
             else:
-                both = functional_call(
-                    self.image_tower, image_params, (torch.cat([view.images, view.images_aug]),)
-                )
+                both = self.chunked(image_tower, torch.cat([view.images, view.images_aug]))
                 anchors, views = self.image_uni_head(both[:, 0]).chunk(2)
                 losses["uni_img"] = view_info_nce(anchors, views, cfg.temperature)
         if cfg.use_uni_txt:
@@ -462,14 +483,14 @@ class CoVLR(RetrievalModule):
                 return functional_call(self.text_tower, text_params, (ids, mask))
 
             if self.uni_mode == "cls":
-                pooled = self.encode_text(tower, view.captions, view.caption_mask)[1]
+                pooled = self.chunked_text(tower, view.captions, view.caption_mask)[1]
                 losses["uni_txt"] = soft_label_cross_entropy(
                     self.text_uni_head(pooled), view.caption_objects
                 )
             else:
                 ids = torch.cat([view.input_ids, view.positive_ids])
                 mask = torch.cat([view.attention_mask, view.positive_mask])
-                pooled = self.encode_text(tower, ids, mask)[1]
+                pooled = self.chunked_text(tower, ids, mask)[1]
                 anchors, views = self.text_uni_head(pooled).chunk(2)
                 losses["uni_txt"] = view_info_nce(anchors, views, cfg.temperature)
         return losses

@@ -57,6 +57,7 @@ from methods.layers.encoders import (
     build_open_clip,
     resolve_world,
 )
+from methods.layers.grad_cache import encode_in_chunks
 from methods.layers.optim import param_groups
 from methods.layers.translation import (
     MTEEnhancement,
@@ -318,7 +319,16 @@ def build_mte_stage(method, optim, data, evaluation, joint: bool) -> MTEEnhancem
         "grad_clip": method.grad_clip,
         "initial_lr": INITIAL_LR,
     }
-    return MTEEnhancement(mte, decoder, settings, joint, data.pad_token_id, teacher, ablation.ctl)
+    return MTEEnhancement(
+        mte,
+        decoder,
+        settings,
+        joint,
+        data.pad_token_id,
+        teacher,
+        ablation.ctl,
+        int(optim.get("grad_cache_chunks", 1)),
+    )
 
 
 def load_prefixed(module: nn.Module, state: Mapping[str, Tensor], prefix: str) -> None:
@@ -339,7 +349,13 @@ def image_keys(ids: list[str], device: torch.device) -> Tensor:
 class MCLIP(RetrievalModule):
     """The TriKD stage (``phase="trikd"``), the fine-tuning stage (``phase="finetune"``) and the
     evaluated model: image = norm(Wc·teacher_image), text in any language = norm(XProjector(MTE
-    states) at </s>). Teacher and MTE are frozen, in eval()."""
+    states) at </s>). Teacher and MTE are frozen, in eval().
+
+    With ``optim.grad_cache_chunks`` > 1 the X-projector, the only trained pass with activations
+    (the frozen towers run without gradient), runs in that many micro-batches; the losses see
+    the whole batch."""
+
+    supports_grad_cache = True
 
     def __init__(self, method, optim, data, evaluation, phase: str = "trikd"):
         super().__init__(method, optim, data, evaluation)
@@ -392,7 +408,10 @@ class MCLIP(RetrievalModule):
         would let a caption's embedding follow the rounding of a shape its neighbours chose."""
         with torch.no_grad():
             mte = self.mte(input_ids, attention_mask)
-        return F.normalize(self.x_projector(mte.states, mte.mask), dim=-1)
+        projected = encode_in_chunks(
+            self.x_projector, mte.states, mte.mask, chunks=self.grad_cache_chunks
+        )
+        return F.normalize(projected, dim=-1)
 
     def teacher_texts(self, input_ids: Tensor, attention_mask: Tensor) -> Tensor:
         """The English captions through the frozen CLIP text tower and the shared projector. With

@@ -62,6 +62,7 @@ from methods.layers.euclidean_contrastive import (
     xtcl_loss,
 )
 from methods.layers.first_stage import FrozenEncoders
+from methods.layers.grad_cache import encode_in_chunks
 from methods.layers.heads import MLMHead, ProjectionHead
 from methods.layers.masking import IGNORE_INDEX, maskable_positions
 from methods.layers.regions import GridRegions
@@ -268,7 +269,14 @@ def draw_triplet_rows(
 class RC3(RetrievalModule):
     """The seq2seq backbone, ITM / MLM heads, the two positive-probability trackers and the
     first-stage probe heads; ``phase`` is the stage it trains in: ``pretrain`` (§3) or
-    ``finetune`` (§5 ITR fine-tuning, which trains only what retrieval reads)."""
+    ``finetune`` (§5 ITR fine-tuning, which trains only what retrieval reads).
+
+    With ``optim.grad_cache_chunks`` > 1 every encoder pass that trains (the fused quadruples, MCLM
+    with its decoder, the XTCL text passes, the fine-tuning candidates) runs in that many
+    micro-batches (``encode_in_chunks``); every loss, the trackers and the draws see the whole
+    step."""
+
+    supports_grad_cache = True
 
     embedding_scorer = "probe"  # encode_images/encode_texts are the first-stage probe's, not RC3's
     own_embeddings = False
@@ -406,18 +414,40 @@ class RC3(RetrievalModule):
 
     # ---- losses ---------------------------------------------------------------------------------
 
+    def pooled_states(
+        self,
+        input_ids: Tensor,
+        attention_mask: Tensor,
+        visual: Tensor | None = None,
+        visual_mask: Tensor | None = None,
+    ) -> Tensor:
+        """The encoder's state at index 0 (TR or VtR), in ``optim.grad_cache_chunks``
+        micro-batches when training."""
+        inputs = (
+            (input_ids, attention_mask)
+            if visual is None
+            else (
+                input_ids,
+                attention_mask,
+                visual,
+                visual_mask,
+            )
+        )
+        return encode_in_chunks(
+            lambda *rows: self.net.encode(*rows).pooled, *inputs, chunks=self.grad_cache_chunks
+        )
+
     def fused_quadruple(self, visual: VisualInput, t: Triplets, perm: Tensor) -> tuple[Tensor, ...]:
         """VtR of (v, x^i), (v, x^j), (v, x̂^i), (v, x̂^j) in one encoder call: ``[N, d]`` each."""
         xi, xj = self.tag(t.ids_i, t.mask_i, t.lang_i), self.tag(t.ids_j, t.mask_j, t.lang_j)
         ids = torch.cat([xi, xj, xi[perm], xj[perm]])
         mask = torch.cat([t.mask_i, t.mask_j, t.mask_i[perm], t.mask_j[perm]])
         visual = visual.repeat(4)
-        pooled = self.net.encode(ids, mask, visual.tokens, visual.mask).pooled
-        return pooled.chunk(4)
+        return self.pooled_states(ids, mask, visual.tokens, visual.mask).chunk(4)
 
     def text_representation(self, ids: Tensor, mask: Tensor, language: str) -> Tensor:
         """TR: the state at ``[BOS]`` of the text-only input ``[BOS] x [LAN]``."""
-        return self.net.encode(self.tag(ids, mask, language), mask).pooled
+        return self.pooled_states(self.tag(ids, mask, language), mask)
 
     def mclm_loss(self, visual: VisualInput, t: Triplets) -> Tensor:
         """MLM on the masked x^i given v, plus translation into x^j on the decoder (§3.1); each a
@@ -430,14 +460,27 @@ class RC3(RetrievalModule):
             self.settings.mask_probability,
         )
         labels[t.real :] = IGNORE_INDEX
-        encoded = self.net.encode(
-            self.tag(masked, t.mask_i, t.lang_i), t.mask_i, visual.tokens, visual.mask
+
+        def token_losses(ids, mask, tokens, tokens_mask, labels, ids_j, mask_j):
+            """Per token of these rows: the MLM loss (0 off the masked tokens), the
+            translation NLL and which target tokens are real."""
+            encoded = self.net.encode(ids, mask, tokens, tokens_mask)
+            text_states = encoded.states[:, 1 + tokens.shape[1] :]
+            chosen = labels != IGNORE_INDEX
+            logits = self.mlm_head(text_states[chosen]).float()
+            mlm = F.cross_entropy(logits, labels[chosen], reduction="none")
+            mlm = torch.zeros(labels.shape, dtype=mlm.dtype, device=mlm.device).masked_scatter(
+                chosen, mlm
+            )
+            return (mlm, *self.net.translation_nll(encoded, ids_j, mask_j, t.lang_j))
+
+        tagged = self.tag(masked, t.mask_i, t.lang_i)
+        mlm, nll, targets = encode_in_chunks(
+            token_losses,
+            *(tagged, t.mask_i, visual.tokens, visual.mask, labels, t.ids_j, t.mask_j),
+            chunks=self.grad_cache_chunks,
         )
-        text_states = encoded.states[:, 1 + visual.tokens.shape[1] :]
-        chosen = labels != IGNORE_INDEX
-        logits = self.mlm_head(text_states[chosen]).float()
-        mlm = F.cross_entropy(logits, labels[chosen], reduction="none")
-        nll, targets = self.net.translation_nll(encoded, t.ids_j, t.mask_j, t.lang_j)
+        mlm = mlm[labels != IGNORE_INDEX]
         translation = nll[: t.real][targets[: t.real]]
         return global_share(mlm, row_layout(len(mlm), mlm.device)) + global_share(
             translation, row_layout(len(translation), mlm.device)
@@ -631,7 +674,7 @@ class RC3(RetrievalModule):
         images = torch.cat([own, own, random_image, own])
         texts = torch.cat([own, random_caption, own, hard_caption])
         seen = visual.rows(images)
-        pooled = self.net.encode(captions[texts], mask[texts], seen.tokens, seen.mask).pooled
+        pooled = self.pooled_states(captions[texts], mask[texts], seen.tokens, seen.mask)
         return self.itm_head(pooled).squeeze(1).float().view(4, len(own)).T
 
     @staticmethod

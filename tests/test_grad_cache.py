@@ -14,8 +14,8 @@ from worlds import random_backbones
 
 import methods.layers.grad_cache as grad_cache
 from methods.ccrk import CCRk
-from methods.cl2cm import CL2CM
 from methods.clip import CLIPModule
+from methods.layers.base import RetrievalModule
 from methods.layers.grad_cache import encode_in_chunks
 
 CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
@@ -147,14 +147,25 @@ def test_uneven_and_oversized_chunk_counts_keep_every_row():
         encode_in_chunks(lambda a, b: a, x, torch.zeros(4), chunks=2)
 
 
+def test_a_training_batch_norm_inside_a_micro_batch_is_refused_and_a_frozen_one_is_not():
+    """Batch statistics of a micro-batch are not the batch's: no recomputation makes them exact."""
+    encoder = nn.Sequential(nn.Linear(3, 4), nn.BatchNorm1d(4))
+    x = torch.randn(8, 3)
+    with pytest.raises(ValueError, match=r"grad_cache_chunks: a BatchNorm1d in training mode"):
+        encode_in_chunks(encoder, x, chunks=2)
+    encoder.eval()
+    assert torch.allclose(encode_in_chunks(encoder, x, chunks=2), encoder(x), atol=1e-6)
+    assert torch.equal(encode_in_chunks(encoder.train(), x, chunks=1), encoder(x))
+
+
 def test_a_method_that_does_not_chunk_refuses_the_option():
-    method = OmegaConf.load(CONFIGS / "method" / "cl2cm.yaml")
-    method.pop("optim", None)
-    method.ablation = None
+    class Unchunked(RetrievalModule):
+        """A method that never declares ``supports_grad_cache``."""
+
     base = OmegaConf.load(CONFIGS / "base.yaml")
     base.optim.grad_cache_chunks = 2
-    with pytest.raises(ValueError, match=r"optim.grad_cache_chunks=2: CL2CM does not encode"):
-        CL2CM(method, base.optim, INFO, base.evaluation)
+    with pytest.raises(ValueError, match=r"optim.grad_cache_chunks=2: Unchunked does not encode"):
+        Unchunked({}, base.optim, INFO, base.evaluation)
 
 
 # ---- two processes --------------------------------------------------------------------------------

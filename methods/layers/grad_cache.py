@@ -16,7 +16,9 @@ draws the same masks), so the gradient is exact.
 
 With dropout off the loss and gradient equal those of the unchunked batch up to float rounding
 (different matmul shapes); with dropout on they equal those of the same micro-batched forward
-without recomputation (the masks are drawn per micro-batch).
+without recomputation (the masks are drawn per micro-batch). A BatchNorm layer in training mode
+normalises by its micro-batch's statistics, which no recomputation can make those of the batch:
+chunking through one is refused.
 """
 
 from __future__ import annotations
@@ -26,7 +28,8 @@ from dataclasses import fields, is_dataclass, replace
 from typing import Any
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
+from torch.nn.modules.batchnorm import _BatchNorm
 from torch.utils.checkpoint import checkpoint
 
 
@@ -45,12 +48,27 @@ def encode_in_chunks(encode: Callable[..., Any], *inputs: Tensor, chunks: int) -
     if len(rows) != 1:
         raise ValueError(f"encode_in_chunks: inputs have different row counts {sorted(rows)}")
     pieces = zip(*(x.tensor_split(chunks) for x in inputs), strict=True)
-    outputs = [
-        checkpoint(encode, *piece, use_reentrant=False, preserve_rng_state=True)
-        for piece in pieces
-        if len(piece[0])
-    ]
+    refusal = nn.modules.module.register_module_forward_pre_hook(_refuse_batch_statistics)
+    try:
+        outputs = [
+            checkpoint(encode, *piece, use_reentrant=False, preserve_rng_state=True)
+            for piece in pieces
+            if len(piece[0])
+        ]
+    finally:
+        refusal.remove()
     return _concat(outputs)
+
+
+def _refuse_batch_statistics(module: nn.Module, args: Any) -> None:
+    """A forward pre-hook on every module run in a micro-batch: a training-mode BatchNorm would
+    normalise by the micro-batch's statistics, not the batch's."""
+    if isinstance(module, _BatchNorm) and module.training:
+        raise ValueError(
+            f"optim.grad_cache_chunks: a {type(module).__name__} in training mode would normalise "
+            "each micro-batch by its own statistics, so the step would not be the whole batch's; "
+            "set optim.grad_cache_chunks=1 or keep that layer in eval mode (frozen)"
+        )
 
 
 def _concat(parts: list[Any]) -> Any:

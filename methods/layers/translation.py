@@ -22,6 +22,7 @@ from methods.layers.batches import trim_padding
 from methods.layers.contrastive import info_nce
 from methods.layers.distillation import freeze
 from methods.layers.encoders import TextEncoder
+from methods.layers.grad_cache import encode_in_chunks
 
 
 def masked_mean(states: Tensor, mask: Tensor) -> Tensor:
@@ -44,6 +45,21 @@ def translation_nll(
         label_smoothing=label_smoothing,
     )
     return total / gold.size(0)
+
+
+def sentence_nll(
+    logits: Tensor, gold: Tensor, pad_token_id: int, label_smoothing: float = 0.0
+) -> Tensor:
+    """Per sentence ``[N]``: the sum of its token NLLs over the non-pad gold positions (their mean
+    over the sentences is ``translation_nll``)."""
+    tokens = F.cross_entropy(
+        logits.flatten(0, 1),
+        gold.flatten(),
+        ignore_index=pad_token_id,
+        reduction="none",
+        label_smoothing=label_smoothing,
+    )
+    return tokens.view(gold.shape).sum(1)
 
 
 def contrastive_translation_loss(
@@ -162,6 +178,10 @@ class MTEEnhancement(L.LightningModule):
     Ablations (spec Table 2): `decoder=None` drops L_NMT (1b on L_CTL alone, "- L_NMT");
     `ctl=False` drops L_CTL (1b on L_NMT alone, "- L_CTL"). `teacher` is carried unchanged
     (frozen) so the next stage can be built from this checkpoint.
+
+    `grad_cache_chunks` > 1 (`optim.grad_cache_chunks`) runs the MTE's trained passes and the
+    decoder (to each sentence's NLL, so no full-batch logits are kept) in that many micro-batches
+    (`encode_in_chunks`); L_CTL still contrasts the whole batch.
     """
 
     def __init__(
@@ -173,6 +193,7 @@ class MTEEnhancement(L.LightningModule):
         pad_token_id: int,
         teacher: nn.Module | None = None,
         ctl: bool = True,
+        grad_cache_chunks: int = 1,
     ):
         super().__init__()
         if decoder is None and not (joint and ctl):
@@ -181,7 +202,7 @@ class MTEEnhancement(L.LightningModule):
             )
         self.mte, self.decoder, self.teacher = mte, decoder, teacher
         self.settings, self.joint, self.pad_token_id = dict(settings), joint, pad_token_id
-        self.ctl = ctl
+        self.ctl, self.grad_cache_chunks = ctl, grad_cache_chunks
         self.mte.requires_grad_(False)
         embeddings = mte_embeddings(mte)  # fails early on a non-XLM-R backend
         if joint:
@@ -203,19 +224,16 @@ class MTEEnhancement(L.LightningModule):
     def training_step(self, batch: Mapping[str, Any], batch_idx: int) -> Tensor:
         src_ids, src_mask = trim_padding(batch["src_input_ids"], batch["src_attention_mask"])
         tgt_ids, tgt_mask = trim_padding(batch["tgt_input_ids"], batch["tgt_attention_mask"])
+        chunks = self.grad_cache_chunks
         with torch.set_grad_enabled(self.joint):
-            source = self.mte(src_ids, src_mask)
+            source = encode_in_chunks(self.mte, src_ids, src_mask, chunks=chunks)
         losses = []
         if self.decoder is not None:
-            word_embeddings = self.mte.input_embeddings().weight
-            logits, gold = self.decoder(
-                tgt_ids, source.states, source.mask, batch["tgt_language"], word_embeddings
-            )
-            nmt = translation_nll(logits, gold, self.pad_token_id, self.settings["label_smoothing"])
+            nmt = self.nmt_loss(tgt_ids, source.states, source.mask, batch["tgt_language"])
             self.log("train/nmt", nmt, batch_size=len(src_ids))
             losses.append(nmt)
         if self.joint and self.ctl:
-            target = self.mte(tgt_ids, tgt_mask)
+            target = encode_in_chunks(self.mte, tgt_ids, tgt_mask, chunks=chunks)
             ctl = contrastive_translation_loss(
                 source.states,
                 source.mask,
@@ -226,6 +244,23 @@ class MTEEnhancement(L.LightningModule):
             self.log("train/ctl", ctl, batch_size=len(src_ids))
             losses.append(self.settings["ctl_weight"] * ctl)
         return sum(losses[1:], losses[0])
+
+    def nmt_loss(self, tgt_ids: Tensor, states: Tensor, mask: Tensor, language: str) -> Tensor:
+        """L_NMT of translating the encoded sources into `tgt_ids` (in `language`); under
+        grad_cache_chunks each micro-batch goes through the decoder to its sentences' NLLs."""
+        word_embeddings = self.mte.input_embeddings().weight
+        smoothing = self.settings["label_smoothing"]
+        if self.grad_cache_chunks == 1:
+            logits, gold = self.decoder(tgt_ids, states, mask, language, word_embeddings)
+            return translation_nll(logits, gold, self.pad_token_id, smoothing)
+
+        def per_sentence(ids: Tensor, memory: Tensor, memory_mask: Tensor) -> Tensor:
+            logits, gold = self.decoder(ids, memory, memory_mask, language, word_embeddings)
+            return sentence_nll(logits, gold, self.pad_token_id, smoothing)
+
+        return encode_in_chunks(
+            per_sentence, tgt_ids, states, mask, chunks=self.grad_cache_chunks
+        ).mean()
 
     def configure_gradient_clipping(
         self, optimizer, gradient_clip_val=None, gradient_clip_algorithm=None
