@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from methods.layers.base import RetrievalModule
+from methods.layers.base import DEFAULT_PROTOCOL, RetrievalModule
 from methods.layers.contrastive import LearnableTemperature
 from methods.layers.encoders import ImageEncoder, TextEncoder, TextOutput, keep_layers
 from methods.layers.fusion import FusionEncoder
@@ -156,7 +156,7 @@ class CCRk(RetrievalModule):
     supports_grad_cache = True
 
     @classmethod
-    def check_config(cls, method, languages: list[str]) -> None:
+    def check_config(cls, method, languages: list[str], protocol: str = DEFAULT_PROTOCOL) -> None:
         resolve_settings(method)  # the ablation's name and its switches
 
     def __init__(self, method, optim, data, evaluation):
