@@ -13,7 +13,8 @@ CCRk's ``optim``, RC3's ``evaluation``), all typed by the same schema.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 from typing import cast
 
@@ -66,8 +67,17 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, str], list[str]
 
 def _merge(cfg: DictConfig, other, source: str) -> DictConfig:
     """``OmegaConf.merge`` with the schema's complaints turned into one line naming the key."""
+    with _naming_keys(cfg, source):
+        merged = OmegaConf.merge(cfg, other)
+    return cast(DictConfig, merged)  # merged onto a mapping, a mapping
+
+
+@contextmanager
+def _naming_keys(cfg: DictConfig, source: str, prefix: str = "") -> Iterator[None]:
+    """Turn the schema's complaints about a merge into ``cfg`` into one line naming the key
+    (``prefix`` + its key in ``cfg``)."""
     try:
-        return cast(DictConfig, OmegaConf.merge(cfg, other))  # merged onto a mapping, a mapping
+        yield
     except (ConfigKeyError, ConfigAttributeError) as err:
         key = getattr(err, "full_key", None) or str(err).splitlines()[0]
         parent = key.rsplit(".", 1)[0] if "." in key else None
@@ -75,17 +85,16 @@ def _merge(cfg: DictConfig, other, source: str) -> DictConfig:
         known = (
             ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else ""
         )
+        key = prefix + key
         schema = "method_schema.py" if key.startswith("method.") else "schema.py"
         where = (
-            ""
-            if source == "command line"
-            else f" in {source} (declare it in experiments/{schema})"
+            "" if source == "command line" else f" in {source} (declare it in experiments/{schema})"
         )
         raise ConfigError(
             f"unknown config key '{key}'{where}" + (f"; keys here: {known}" if known else "")
         ) from None
     except ValidationError as err:
-        key = getattr(err, "full_key", None) or "?"
+        key = prefix + (getattr(err, "full_key", None) or "?")
         reason = str(err).splitlines()[0]
         if "is not a ListConfig" in reason:
             reason = f"a list is expected, e.g. {key}=[a,b]"
@@ -111,12 +120,13 @@ def _typed_method(cfg: DictConfig, other: DictConfig, source: str) -> DictConfig
     return cfg
 
 
-def _check_variants(method: DictConfig, source: str) -> None:
-    """Each row of ``method.ablations`` sets keys of its method's section, typed as there."""
-    schema = OmegaConf.get_type(method)
-    for name, switches in (method.get("ablations") or {}).items():
-        row = OmegaConf.create({"method": {"ablations": {name: OmegaConf.structured(schema)}}})
-        _merge(row, {"method": {"ablations": {name: switches}}}, source)
+def _check_variants(method: DictConfig, rows: DictConfig, source: str) -> None:
+    """Each row of a variant table (``method.ablations``) sets keys of its method's section,
+    typed as there."""
+    section = OmegaConf.structured(OmegaConf.get_type(method))
+    for name, switches in rows.items():
+        with _naming_keys(section, source, prefix=f"method.ablations.{name}."):
+            section.merge_with(switches)
 
 
 def as_mapping(cfg: DictConfig | ListConfig, source: str) -> DictConfig:
@@ -142,8 +152,9 @@ def merge_fragment(cfg: DictConfig, fragment: DictConfig, source: str) -> DictCo
     """``fragment`` (a preset, a stored config) merged into ``cfg``; its ``method`` section, and
     each of that method's variants (``method.ablations``), typed by the method's schema."""
     merged = _merge(_typed_method(cfg, fragment, source), fragment, source)
-    if isinstance(merged.get("method"), DictConfig):
-        _check_variants(merged.method, source)
+    rows = OmegaConf.select(fragment, "method.ablations", default=None)
+    if rows:
+        _check_variants(merged.method, rows, source)
     return merged
 
 

@@ -37,7 +37,7 @@ TOLERANCE = dict(rtol=1e-4, atol=1e-6)
 
 def build(name, chunks, dropout=0.0, **method_overrides):
     """clip or ccrk from its preset on random tiny encoders, seeded, with ``grad_cache_chunks``."""
-    method = OmegaConf.load(CONFIGS / "method" / f"{name}.yaml")
+    method = OmegaConf.load(CONFIGS / "method" / f"{name}.yaml").method
     method.pop("optim", None)
     if name == "ccrk":  # a random fusion: the tiny text encoder has no pretrained layers to seed it
         method.ablation = None
@@ -148,7 +148,7 @@ def test_uneven_and_oversized_chunk_counts_keep_every_row():
 
 
 def test_a_method_that_does_not_chunk_refuses_the_option():
-    method = OmegaConf.load(CONFIGS / "method" / "cl2cm.yaml")
+    method = OmegaConf.load(CONFIGS / "method" / "cl2cm.yaml").method
     method.pop("optim", None)
     method.ablation = None
     base = OmegaConf.load(CONFIGS / "base.yaml")

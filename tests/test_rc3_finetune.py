@@ -47,7 +47,8 @@ class FakeDataModule:
 
 def pipeline(*overrides, languages=LANGUAGES):
     cfg = config(*overrides)
-    return RC3.pipeline(cfg.method, cfg.optim, Info(languages=languages), cfg.evaluation)
+    info = Info(languages=languages)
+    return RC3.pipeline(cfg.method, cfg.optim, info, cfg.evaluation, protocol=cfg.protocol)
 
 
 # ---- the loss and its candidates -----------------------------------------------------------------
@@ -254,7 +255,7 @@ def test_an_unknown_fine_tuning_optim_key_is_a_clear_error():
 )
 def test_the_protocol_picks_the_stages_and_is_the_label(protocol, stages):
     cfg = compose(["method=rc3", f"protocol={protocol}"])
-    assert cfg.protocol == cfg.method.run_protocol == protocol  # what metrics.json records
+    assert cfg.protocol == protocol  # what metrics.json records
     built = pipeline(f"protocol={protocol}")
     assert [s.name for s in built] == stages
     assert [(s.max_steps, s.budget_key) for s in built] == [
@@ -277,7 +278,11 @@ def test_fine_tune_en_is_the_default():
     ],
 )
 def test_a_wrong_protocol_is_a_one_line_error(protocol, message):
-    for make in (lambda: pipeline(f"protocol={protocol}"), lambda: build(f"protocol={protocol}")):
+    def check():
+        cfg = config(f"protocol={protocol}")
+        RC3.check_config(cfg.method, list(LANGUAGES), protocol=cfg.protocol)
+
+    for make in (lambda: pipeline(f"protocol={protocol}"), check):
         with pytest.raises(ValueError, match=message) as error:
             make()
         assert "\n" not in str(error.value) and "protocol=" in str(error.value)
