@@ -62,8 +62,7 @@ def resolve_settings(method) -> Any:
             f"ccrk ablation {ablation!r} (method.ablation, from variant=) is not one of "
             f"{sorted(table)}; to label a run freely set method.ablation=null"
         )
-    added_later = {"use_fusion": True}  # runs stored before the key existed trained the full model
-    settings = OmegaConf.merge(added_later, method, table[ablation] if ablation is not None else {})
+    settings = OmegaConf.merge(method, table[ablation] if ablation is not None else {})
     for key, allowed in (("contrastive", CONTRASTIVE), ("rerank_score", RERANK_SCORES)):
         if settings[key] not in allowed:
             raise ValueError(f"method.{key}: expected one of {allowed}, got {settings[key]!r}")

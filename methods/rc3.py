@@ -112,7 +112,7 @@ def finetune_optim(optim, finetune) -> OmegaConf:
         raise ValueError(
             f"method.finetune.optim.{unknown[0]} is not an optim key; keys: {sorted(optim)}"
         )
-    return OmegaConf.merge(optim, finetune.optim)
+    return OmegaConf.merge(optim, OmegaConf.to_container(finetune.optim))  # its keys, untyped
 
 
 def itr_negatives(similarity: Tensor, same_image: Tensor) -> tuple[Tensor, Tensor, Tensor]:

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import open_dict
+from omegaconf import OmegaConf
 from rc3_helpers import LANGUAGES, Info, build, config, train_batch, with_tiny_regions
 from test_datamodule import synthetic_cfg
 
 import methods.rc3 as rc3_module
 from datamodules.datamodule import CCRDataModule
-from experiments.config import compose
+from experiments.config import ConfigError, compose
 from methods.rc3 import (
     FINETUNE,
     PRETRAIN,
@@ -240,11 +240,12 @@ def test_fine_tuning_uses_its_own_optimiser_settings():
 
 
 def test_an_unknown_fine_tuning_optim_key_is_a_clear_error():
-    cfg = config()
-    with open_dict(cfg):
-        cfg.method.finetune.optim.lrr = 1.0
+    with pytest.raises(ConfigError, match="unknown config key 'method.finetune.optim.lrr'"):
+        config("method.finetune.optim.lrr=1.0")
+    method = OmegaConf.to_container(config().method)  # a section built by hand, not composed
+    method["finetune"]["optim"]["lrr"] = 1.0
     with pytest.raises(ValueError, match="method.finetune.optim.lrr is not an optim key"):
-        RC3(cfg.method, cfg.optim, Info(), cfg.evaluation, phase=FINETUNE)
+        RC3(OmegaConf.create(method), config().optim, Info(), config().evaluation, phase=FINETUNE)
 
 
 # ---- protocols -----------------------------------------------------------------------------------
