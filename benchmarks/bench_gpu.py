@@ -293,7 +293,10 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
         cfg.method = paper_method(method, cfg.method, data.info, tiny=args.tiny)
     L.seed_everything(cfg.seed, verbose=False)
     info = with_backbones(data)
-    stage = methods.get(method).pipeline(cfg.method, cfg.optim, info, cfg.evaluation)[0]
+    stages = methods.get(method).pipeline(
+        cfg.method, cfg.optim, info, cfg.evaluation, protocol=cfg.protocol
+    )
+    stage = stages[0]
     with torch.device(device):  # random init on the device: seconds, not minutes on the host
         module = stage.build(None)
     module.to(device)

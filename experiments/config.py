@@ -2,13 +2,19 @@
 
 Selectors (``method=ccrk data=multi30k trainer=gpu``) pick YAML files under ``configs/``; every
 other ``key=value`` overrides a key that must already exist (struct mode), so a typo fails naming
-the key instead of being silently ignored. Values are typed by ``experiments/schema.py``: a wrong
-type, shape or sign fails here, naming the key, before anything runs.
+the key instead of being silently ignored. Values are typed by ``experiments/schema.py`` and, for
+the ``method`` section, by its method's schema (``experiments/method_schema.py``): a wrong type,
+shape or sign fails here, naming the key, before anything runs.
+
+A data or trainer preset holds its section's keys. A method preset is a fragment of the run: its
+``method:`` section and whatever run setting the method fixes beside it (mCLIP's ``protocol``,
+CCRk's ``optim``, RC3's ``evaluation``), all typed by the same schema.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import cast
 
 import yaml
@@ -17,9 +23,15 @@ from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationErr
 
 import metrics
 from experiments.config_base import CONFIG_DIR, ConfigError
+from experiments.method_schema import SCHEMAS, MethodConfig
 from experiments.schema import RunConfig, check_bounds
 
 GROUPS = {"method": "clip", "data": "synthetic", "trainer": "cpu"}
+RUN_FRAGMENTS = ("method",)  # groups whose presets are merged at the run's root, not into a section
+# Keys earlier versions recorded that the code no longer reads; a stored config drops them.
+# method.run_protocol mirrored ``protocol`` (a method now gets the protocol at build time);
+# method.rerank_batch_size is evaluation.pair_batch_size.
+RETIRED = ("method.run_protocol", "method.rerank_batch_size")
 
 
 def available(group: str) -> list[str]:
@@ -51,8 +63,17 @@ def split_overrides(overrides: Sequence[str]) -> tuple[dict[str, str], list[str]
 
 def _merge(cfg: DictConfig, other, source: str) -> DictConfig:
     """``OmegaConf.merge`` with the schema's complaints turned into one line naming the key."""
+    with _naming_keys(cfg, source):
+        merged = OmegaConf.merge(cfg, other)
+    return cast(DictConfig, merged)  # merged onto a mapping, a mapping
+
+
+@contextmanager
+def _naming_keys(cfg: DictConfig, source: str, prefix: str = "") -> Iterator[None]:
+    """Turn the schema's complaints about a merge into ``cfg`` into one line naming the key
+    (``prefix`` + its key in ``cfg``)."""
     try:
-        return cast(DictConfig, OmegaConf.merge(cfg, other))  # merged onto a mapping, a mapping
+        yield
     except (ConfigKeyError, ConfigAttributeError) as err:
         key = getattr(err, "full_key", None) or str(err).splitlines()[0]
         parent = key.rsplit(".", 1)[0] if "." in key else None
@@ -60,20 +81,48 @@ def _merge(cfg: DictConfig, other, source: str) -> DictConfig:
         known = (
             ", ".join(sorted(str(k) for k in node.keys())) if isinstance(node, DictConfig) else ""
         )
+        key = prefix + key
+        schema = "method_schema.py" if key.startswith("method.") else "schema.py"
         where = (
-            ""
-            if source == "command line"
-            else f" in {source} (declare it in experiments/schema.py)"
+            "" if source == "command line" else f" in {source} (declare it in experiments/{schema})"
         )
         raise ConfigError(
             f"unknown config key '{key}'{where}" + (f"; keys here: {known}" if known else "")
         ) from None
     except ValidationError as err:
-        key = getattr(err, "full_key", None) or "?"
+        key = prefix + (getattr(err, "full_key", None) or "?")
         reason = str(err).splitlines()[0]
         if "is not a ListConfig" in reason:
             reason = f"a list is expected, e.g. {key}=[a,b]"
         raise ConfigError(f"config key '{key}' ({source}): {reason}") from None
+
+
+def method_schema(name: object, source: str) -> type[MethodConfig]:
+    """The schema of the method named ``name``; an unknown name is an error listing them."""
+    if name not in SCHEMAS:
+        raise ConfigError(
+            f"config key 'method.name' ({source}) = {name!r}: not a method; "
+            f"known: {', '.join(sorted(SCHEMAS))}"
+        )
+    return SCHEMAS[str(name)]
+
+
+def _typed_method(cfg: DictConfig, other: DictConfig, source: str) -> DictConfig:
+    """``cfg`` whose still untyped ``method`` section takes the schema of the method ``other``
+    names (``method.name``), so merging ``other`` checks every method key."""
+    name = OmegaConf.select(other, "method.name", default=None)
+    if name is not None and cfg.get("method") is None:
+        cfg.method = OmegaConf.structured(method_schema(name, source))
+    return cfg
+
+
+def _check_variants(method: DictConfig, rows: DictConfig, source: str) -> None:
+    """Each row of a variant table (``method.ablations``) sets keys of its method's section,
+    typed as there."""
+    section = OmegaConf.structured(OmegaConf.get_type(method))
+    for name, switches in rows.items():
+        with _naming_keys(section, source, prefix=f"method.ablations.{name!s}."):
+            section.merge_with(switches)
 
 
 def as_mapping(cfg: DictConfig | ListConfig, source: str) -> DictConfig:
@@ -84,22 +133,35 @@ def as_mapping(cfg: DictConfig | ListConfig, source: str) -> DictConfig:
 
 
 def typed(cfg: DictConfig | ListConfig, source: str = "config") -> DictConfig:
-    """``cfg`` (e.g. a stored ``config.yaml``) checked against the schema."""
-    return _merge(OmegaConf.structured(RunConfig), as_mapping(cfg, source), source)
+    """``cfg`` (e.g. a stored ``config.yaml``) checked against the schema, without the keys
+    earlier versions wrote that the code no longer reads (``RETIRED``)."""
+    cfg = as_mapping(cfg, source).copy()
+    for key in RETIRED:
+        section, _, leaf = key.rpartition(".")
+        node = OmegaConf.select(cfg, section, default=None)
+        if isinstance(node, DictConfig) and leaf in node:
+            node.pop(leaf)
+    return merge_fragment(OmegaConf.structured(RunConfig), cfg, source)
+
+
+def merge_fragment(cfg: DictConfig, fragment: DictConfig, source: str) -> DictConfig:
+    """``fragment`` (a preset, a stored config) merged into ``cfg``; its ``method`` section, and
+    each of that method's variants (``method.ablations``), typed by the method's schema."""
+    merged = _merge(_typed_method(cfg, fragment, source), fragment, source)
+    rows = OmegaConf.select(fragment, "method.ablations", default=None)
+    if rows:
+        _check_variants(merged.method, rows, source)
+    return merged
 
 
 def compose(overrides: Sequence[str] = ()) -> DictConfig:
     """The resolved, type-checked run configuration for these command-line overrides."""
     selectors, rest = split_overrides(overrides)
     cfg = typed(OmegaConf.load(CONFIG_DIR / "base.yaml"), "base.yaml")
-    for group, name in selectors.items():  # a preset overrides the base file's section, if any
+    for group, name in selectors.items():  # a preset overrides the base file's keys, if any
         preset = _load_group(group, name)
-        if group == "method" and "protocol" in preset:  # a method may fix its protocol (mCLIP)
-            cfg.protocol = preset.pop("protocol")
-        for section in ("optim", "evaluation"):  # a method may fix its paper's optimiser
-            if group == "method" and section in preset:  # (CCRk §7) or its scorer (RC3)
-                cfg = _merge(cfg, {section: preset.pop(section)}, f"{group}/{name}.yaml")
-        cfg = _merge(cfg, {group: preset}, f"{group}/{name}.yaml")
+        fragment = preset if group in RUN_FRAGMENTS else OmegaConf.create({group: preset})
+        cfg = merge_fragment(cfg, fragment, f"{group}/{name}.yaml")
     cfg.preset = selectors
     from experiments.zoo import expand_encoders  # the zoo reads configs/zoo
 
@@ -110,6 +172,7 @@ def apply_overrides(cfg: DictConfig, overrides: Sequence[str]) -> DictConfig:
     """Merge ``key=value`` overrides into ``cfg`` in struct mode; unknown keys are errors."""
     OmegaConf.set_struct(cfg, True)
     merged = _merge(cfg, _parse(overrides), "command line")
+    check_complete(merged)
     OmegaConf.resolve(merged)
     try:
         check_bounds(merged)
@@ -184,23 +247,31 @@ DEFAULT_PROTOCOL = "default"  # a method without protocols of its own trains on 
 
 def check_run_protocol(cfg: DictConfig) -> None:
     """The ``protocol`` a run records is what it trains. A method that trains by its protocol
-    (``method.run_protocol``: mCLIP, RC3) must train the one the run records; any other method
-    has one way to train (on every language of ``data.languages``), recorded as ``default``,
-    so another label would not be what ran."""
+    (``trains_by_protocol`` in its schema: mCLIP, RC3) is handed the run's ``protocol`` when it is
+    built and checks it there; any other method has one way to train (on every language of
+    ``data.languages``), recorded as ``default``, so another label would not be what ran."""
     method = cfg.get("method")
     if not isinstance(method, DictConfig):
         return
-    ran = method.get("run_protocol")
-    if ran is not None and ran != cfg.protocol:
+    schema = OmegaConf.get_type(method)
+    if getattr(schema, "trains_by_protocol", False) or cfg.protocol == DEFAULT_PROTOCOL:
+        return
+    raise ConfigError(
+        f"protocol={cfg.protocol}: {method.get('name')} has no protocols of its own; it "
+        f"trains on every language of data.languages, recorded as protocol={DEFAULT_PROTOCOL} "
+        "(mclip and rc3 train by protocol)"
+    )
+
+
+def check_complete(cfg: DictConfig) -> None:
+    """Every key of the schema has a value: a method preset sets each key of its method's
+    schema that has no default (``experiments/method_schema.py``)."""
+    missing = sorted(OmegaConf.missing_keys(cfg))
+    if missing:
         raise ConfigError(
-            f"method.run_protocol={ran} differs from protocol={cfg.protocol}, the "
-            "label the run records; set protocol= alone"
-        )
-    if ran is None and cfg.protocol != DEFAULT_PROTOCOL:
-        raise ConfigError(
-            f"protocol={cfg.protocol}: {method.get('name')} has no protocols of its own; it "
-            f"trains on every language of data.languages, recorded as protocol={DEFAULT_PROTOCOL} "
-            "(mclip and rc3 train by protocol)"
+            f"config key '{missing[0]}' has no value; set it in the "
+            f"{missing[0].split('.')[0]} preset or as {missing[0]}=<value>"
+            + (f" (also unset: {', '.join(missing[1:])})" if len(missing) > 1 else "")
         )
 
 

@@ -125,11 +125,14 @@ def as_current_code_reads(config: dict, path: Path) -> dict:
     """A stored config with every setting the schema has gained since it was written filled with
     its default, which by the schema's rule reproduces the old behaviour: a run from before
     ``data.roi_features`` existed and one with it at null are the same experiment, one row.
-    A setting the schema no longer knows is an error naming the file."""
+    A setting the schema no longer knows is an error naming the file. The ``method`` section is
+    checked against its method's schema but kept as the run recorded it (its fingerprint is the
+    one the run was published with; ``experiments.runs.LATER_DEFAULTS`` matches newer runs)."""
     try:
-        return plain(typed(OmegaConf.create(config), "its config"))
+        checked = plain(typed(OmegaConf.create(config), "its config"))
     except ConfigError as err:
         raise ValueError(f"{path}: the current code cannot read this run's config: {err}") from None
+    return {**checked, "method": config.get("method")}
 
 
 def _protocol_key(result: dict) -> str:

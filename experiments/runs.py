@@ -68,7 +68,17 @@ LATER_DEFAULTS = {
     "method.projection": "linear",
     "method.lit": False,
     "evaluation.max_images": None,
+    "method.teacher.clip.projection": "linear",  # mCLIP's clip teacher, typed as clip's section
+    "method.teacher.clip.lit": False,
+    "method.teacher.clip": None,  # mCLIP without a teacher stage (mclip_paper), typed
+    "method.teacher.languages": None,
+    "method.teacher.max_steps": None,
+    "method.check_val_every_n_epoch": 1,  # RC3's cadence under trainer=cpu, that preset's own
 }
+# mCLIP's and RC3's configs recorded a copy of ``protocol`` as ``method.run_protocol`` until the
+# methods were handed the protocol at build time (``experiments.config.RETIRED``): their settings
+# still list it, at the run's ``protocol``, so fingerprints equal those of the runs that recorded it.
+RECORDED_PROTOCOL = ("mclip", "rc3")
 
 
 # ---- configuration identity -------------------------------------------------------------------
@@ -92,10 +102,12 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 
 def experiment_settings(config: Mapping[str, Any] | DictConfig) -> dict[str, Any]:
     """The flattened settings that decide a run's result (everything but ``EXECUTION_ONLY``)."""
-    settings = plain(config) if isinstance(config, DictConfig) else config
+    settings = flatten(plain(config) if isinstance(config, DictConfig) else config)
+    if settings.get("method.name") in RECORDED_PROTOCOL:
+        settings.setdefault("method.run_protocol", settings.get("protocol"))
     return {
         k: v
-        for k, v in flatten(settings).items()
+        for k, v in settings.items()
         if k not in EXECUTION_ONLY and not (k in LATER_DEFAULTS and v == LATER_DEFAULTS[k])
     }
 

@@ -115,7 +115,9 @@ def load_pretrained_io(spec: Mapping[str, Any]) -> PretrainedIO:
 
 def stages_of(cfg: DictConfig, data: CCRDataModule) -> list[Stage]:
     method_cls = methods.get(cfg.method.name)
-    return method_cls.pipeline(cfg.method, cfg.optim, with_backbones(data), cfg.evaluation)
+    return method_cls.pipeline(
+        cfg.method, cfg.optim, with_backbones(data), cfg.evaluation, protocol=cfg.protocol
+    )
 
 
 def checkpoint_dir(run_dir: Path, stages: Sequence[Stage], stage: Stage) -> Path:
@@ -157,7 +159,9 @@ def check_config_only(cfg: DictConfig) -> None:
     ablation and variant names, protocol, stage lists; a val split to select on), run before
     the run folder is made and any data is read."""
     try:
-        methods.get(cfg.method.name).check_config(cfg.method, list(cfg.data.languages))
+        methods.get(cfg.method.name).check_config(
+            cfg.method, list(cfg.data.languages), protocol=cfg.protocol
+        )
     except ValueError as err:
         raise ConfigError(str(err)) from None
     if cfg.evaluation.select_on is not None and cfg.data.splits.get("val") is None:

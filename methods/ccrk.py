@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from torch import Tensor
 
-from methods.layers.base import RetrievalModule
+from methods.layers.base import DEFAULT_PROTOCOL, RetrievalModule
 from methods.layers.contrastive import LearnableTemperature
 from methods.layers.encoders import ImageEncoder, TextEncoder, TextOutput, keep_layers
 from methods.layers.fusion import FusionEncoder
@@ -62,8 +62,7 @@ def resolve_settings(method) -> Any:
             f"ccrk ablation {ablation!r} (method.ablation, from variant=) is not one of "
             f"{sorted(table)}; to label a run freely set method.ablation=null"
         )
-    added_later = {"use_fusion": True}  # runs stored before the key existed trained the full model
-    settings = OmegaConf.merge(added_later, method, table[ablation] if ablation is not None else {})
+    settings = OmegaConf.merge(method, table[ablation] if ablation is not None else {})
     for key, allowed in (("contrastive", CONTRASTIVE), ("rerank_score", RERANK_SCORES)):
         if settings[key] not in allowed:
             raise ValueError(f"method.{key}: expected one of {allowed}, got {settings[key]!r}")
@@ -156,7 +155,7 @@ class CCRk(RetrievalModule):
     supports_grad_cache = True
 
     @classmethod
-    def check_config(cls, method, languages: list[str]) -> None:
+    def check_config(cls, method, languages: list[str], protocol: str = DEFAULT_PROTOCOL) -> None:
         resolve_settings(method)  # the ablation's name and its switches
 
     def __init__(self, method, optim, data, evaluation):

@@ -24,7 +24,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 
 from datamodules.triples import triple_dataloader
-from methods.layers.base import RetrievalModule, Stage
+from methods.layers.base import DEFAULT_PROTOCOL, RetrievalModule, Stage
 from methods.layers.batches import trim_padding
 from methods.layers.contrastive import LearnableTemperature, info_nce
 from methods.layers.cross_lingual import (
@@ -77,7 +77,7 @@ class CL2CM(RetrievalModule):
     supports_grad_cache = True
 
     @classmethod
-    def check_config(cls, method, languages: list[str]) -> None:
+    def check_config(cls, method, languages: list[str], protocol: str = DEFAULT_PROTOCOL) -> None:
         resolve_settings(method)  # the ablation's name and its switches
 
     def __init__(self, method, optim, data, evaluation):

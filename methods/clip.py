@@ -44,7 +44,7 @@ class CLIPModule(RetrievalModule):
         method, data = self.method_cfg, self.data_info
         self.image_encoder = ImageEncoder.from_config(method.image_encoder, data)
         self.text_encoder = TextEncoder.from_config(method.text_encoder, data)
-        projection = method.get("projection", "linear")
+        projection = method.projection
         if projection == "linear":
             self.image_proj = ProjectionHead(self.image_encoder.out_dim, method.embed_dim)
             self.text_proj = ProjectionHead(self.text_encoder.out_dim, method.embed_dim)
@@ -58,7 +58,7 @@ class CLIPModule(RetrievalModule):
         else:
             raise ValueError(f"method.projection={projection!r}: expected linear or none")
         self.temperature = LearnableTemperature(**method.temperature)
-        self.lit = bool(method.get("lit", False))
+        self.lit = bool(method.lit)
         if self.lit:
             for param in self.image_tower_parameters():
                 param.requires_grad_(False)

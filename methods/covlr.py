@@ -69,7 +69,8 @@ def check_precision(precision: str) -> None:
 def resolve_settings(method) -> OmegaConf:
     """The method config with the switches of ``method.ablation`` (a key of ``method.ablations``,
     from ``variant=``; null: the full model) merged on top. A config stored before a key existed
-    reads it as the behaviour it trained with (``uni_labels: object``)."""
+    has it from the method's schema, at the behaviour it trained with (``uni_labels: object``;
+    ``experiments/method_schema.py``)."""
     ablation = method.get("ablation")
     table = method.get("ablations") or {}
     if ablation is not None and ablation not in table:
@@ -77,8 +78,7 @@ def resolve_settings(method) -> OmegaConf:
             f"covlr ablation {ablation!r} (method.ablation, from variant=) is not one of "
             f"{sorted(table)}; to label a run freely set method.ablation=null"
         )
-    added_later = {"uni_labels": "object"}
-    settings = OmegaConf.merge(added_later, method, table[ablation] if ablation is not None else {})
+    settings = OmegaConf.merge(method, table[ablation] if ablation is not None else {})
     if settings.uni_labels not in LABEL_LEVELS:
         raise ValueError(
             f"method.uni_labels: expected one of {LABEL_LEVELS}, got {settings.uni_labels!r}"

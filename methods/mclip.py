@@ -40,7 +40,7 @@ from torch import Tensor, nn
 from torch.optim.lr_scheduler import LambdaLR
 
 from methods.clip import CLIPModule
-from methods.layers.base import RetrievalModule, Stage, load_state
+from methods.layers.base import DEFAULT_PROTOCOL, RetrievalModule, Stage, load_state
 from methods.layers.batches import trim_padding
 from methods.layers.distillation import (
     clamped_logit_scale,
@@ -112,19 +112,19 @@ def ablation_of(method) -> Ablation:
 
 @dataclass(frozen=True)
 class Protocol:
-    """How an mCLIP run is trained, from the run's ``protocol`` (``method.run_protocol``)."""
+    """How an mCLIP run is trained, from the run's ``protocol`` (handed to the method at build
+    time: ``pipeline``, ``check_config``)."""
 
     name: str
     finetune_languages: tuple[str, ...] = ()  # empty: no fine-tuning stage
     finetune_settings: str | None = None  # which block of method.finetune (english|single|all)
 
 
-def protocol_of(method, languages: list[str]) -> Protocol:
+def protocol_of(name: str, method, languages: list[str]) -> Protocol:
     """``zero-shot`` (TriKD on English only), ``translate-train`` (TriKD also on other languages),
     ``fine-tune-<language>`` (spec settings 2-3: fine-tune on that language's training captions)
     or ``fine-tune-all`` (setting 4: on every configured language). Fine-tuning starts from an
     English-only TriKD, so a label never hides non-English TriKD data."""
-    name = method.get("run_protocol")
     trikd_languages = list(method.trikd.languages)
     english_only = trikd_languages == [ENGLISH]
     allowed = [
@@ -357,14 +357,20 @@ class MCLIP(RetrievalModule):
 
     supports_grad_cache = True
 
-    def __init__(self, method, optim, data, evaluation, phase: str = "trikd"):
+    def __init__(
+        self, method, optim, data, evaluation, phase: str = "trikd", protocol: str | None = None
+    ):
+        """``protocol``: the run's, which picks the fine-tuning settings (``phase="finetune"``
+        needs it; TriKD runs the same under every protocol)."""
         super().__init__(method, optim, data, evaluation)
         if phase not in ("trikd", FINETUNE):
             raise ValueError(f"MCLIP phase must be 'trikd' or '{FINETUNE}', got {phase!r}")
+        if phase == FINETUNE and protocol is None:
+            raise ValueError("MCLIP's fine-tuning phase needs the run's protocol (fine-tune-*)")
         self.phase = phase
         cfg = method.trikd
         self.ablation = ablation_of(method)
-        self.protocol = protocol_of(method, list(data.languages))
+        self.protocol = None if protocol is None else protocol_of(protocol, method, data.languages)
         if method.recall_mode not in RECALL_MODES:
             raise ValueError(
                 f"method.recall_mode {method.recall_mode!r}: expected one of {sorted(RECALL_MODES)}"
@@ -526,14 +532,17 @@ class MCLIP(RetrievalModule):
         }
 
     @classmethod
-    def check_config(cls, method, languages: list[str]) -> None:
+    def check_config(cls, method, languages: list[str], protocol: str = DEFAULT_PROTOCOL) -> None:
         selected_stages(method)  # the stage list and the variant
-        protocol_of(method, languages)
+        protocol_of(protocol, method, languages)
 
     @classmethod
-    def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
+    def pipeline(
+        cls, method, optim, data, evaluation, protocol: str = DEFAULT_PROTOCOL
+    ) -> list[Stage]:
         names = selected_stages(method)
-        protocol = protocol_of(method, list(data.languages))
+        run_protocol = protocol
+        protocol = protocol_of(run_protocol, method, list(data.languages))
         if protocol.finetune_languages:
             names.append(FINETUNE)
         previous = {name: names[i - 1] if i else None for i, name in enumerate(names)}
@@ -571,7 +580,7 @@ class MCLIP(RetrievalModule):
             return module
 
         def build_finetune(path: Path | None) -> L.LightningModule:
-            module = cls(method, optim, data, evaluation, phase=FINETUNE)
+            module = cls(method, optim, data, evaluation, phase=FINETUNE, protocol=run_protocol)
             state = checkpoint(FINETUNE, path)
             if state is not None:
                 module.load_state_dict(state)

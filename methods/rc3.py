@@ -48,7 +48,7 @@ from omegaconf import OmegaConf
 from torch import Tensor, nn
 from torch.utils.data import DataLoader
 
-from methods.layers.base import RetrievalModule, Stage, load_state
+from methods.layers.base import DEFAULT_PROTOCOL, RetrievalModule, Stage, load_state
 from methods.layers.batches import fill_to, trim_padding
 from methods.layers.contrastive import info_nce
 from methods.layers.distributed import RowLayout, row_layout
@@ -94,11 +94,10 @@ def resolve_settings(method) -> OmegaConf:
     return settings
 
 
-def protocol_of(method, languages: list[str]) -> str:
-    """The run's protocol (``method.run_protocol``, an interpolation of ``protocol=``):
+def protocol_of(name: str, languages: list[str]) -> str:
+    """The run's protocol (``protocol=``, handed to the method at build time):
     ``fine-tune-en`` (spec §5: pre-training, then ITR fine-tuning on English training captions)
     or ``pretrain-only`` (the diagnostic: no fine-tuning). Anything else would mislabel the run."""
-    name = method.get("run_protocol")
     if name not in PROTOCOLS:
         raise ValueError(f"rc3 protocol {name!r} (protocol=) is not one of {list(PROTOCOLS)}")
     if name == FINE_TUNE_EN and ENGLISH not in languages:
@@ -117,7 +116,7 @@ def finetune_optim(optim, finetune) -> OmegaConf:
         raise ValueError(
             f"method.finetune.optim.{unknown[0]} is not an optim key; keys: {sorted(optim)}"
         )
-    return OmegaConf.merge(optim, finetune.optim)
+    return OmegaConf.merge(optim, OmegaConf.to_container(finetune.optim))  # its keys, untyped
 
 
 def itr_negatives(similarity: Tensor, same_image: Tensor) -> tuple[Tensor, Tensor, Tensor]:
@@ -286,7 +285,6 @@ class RC3(RetrievalModule):
         if phase not in (PRETRAIN, FINETUNE):
             raise ValueError(f"RC3 phase must be {PRETRAIN!r} or {FINETUNE!r}, got {phase!r}")
         self.phase = phase
-        protocol_of(self.method_cfg, list(self.data_info.languages))
         self.settings = resolve_settings(self.method_cfg)
         cfg, data = self.settings, self.data_info
         reads_regions = cfg.visual.strict_input != "patch"
@@ -719,15 +717,17 @@ class RC3(RetrievalModule):
         self.parallel_loader = loaders[PARALLEL]
 
     @classmethod
-    def check_config(cls, method, languages: list[str]) -> None:
-        protocol_of(method, languages)
+    def check_config(cls, method, languages: list[str], protocol: str = DEFAULT_PROTOCOL) -> None:
+        protocol_of(protocol, languages)
         resolve_settings(method)  # the ablation's name and the visual input
 
     @classmethod
-    def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
+    def pipeline(
+        cls, method, optim, data, evaluation, protocol: str = DEFAULT_PROTOCOL
+    ) -> list[Stage]:
         """``pretrain`` on every language's training batches, then, under ``fine-tune-en``,
         ``finetune`` built from its checkpoint and trained on English captions only."""
-        protocol = protocol_of(method, list(data.languages))
+        protocol = protocol_of(protocol, list(data.languages))
         pretrain = Stage(
             PRETRAIN,
             lambda previous: cls(method, optim, data, evaluation),

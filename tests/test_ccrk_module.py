@@ -55,9 +55,7 @@ class Info:
 def method_config(**overrides):
     """The tiny preset's method section as a run sees it: the full model unless ``ablation`` is given
     (the preset's ``optim:`` and ``evaluation:`` blocks go to the run's sections, not here)."""
-    cfg = OmegaConf.load(CONFIG)
-    cfg.pop("optim")
-    cfg.pop("evaluation")
+    cfg = OmegaConf.load(CONFIG).method
     cfg.ablation = None
     # RANDOM_BACKBONES' tiny text encoder has no HF layers to seed the fusion from (see
     # tests/test_ccrk_fusion_init.py for the preset's seeded fusion): a random 4-head fusion

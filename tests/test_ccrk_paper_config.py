@@ -59,8 +59,7 @@ def test_paper_architecture_from_a_tiny_config_trains_one_step(tmp_path):
     source = tiny_xlmr(seed=3)
     checkpoint = tmp_path / "xlmr.pt"
     torch.save(source.state_dict(), checkpoint)
-    paper = OmegaConf.load(PAPER)
-    paper.pop("optim")  # the run's optim section (tests/test_ccrk_optim.py)
+    paper = OmegaConf.load(PAPER).method
     paper.ablation = None  # the full model (a run resolves it from variant=)
     assert paper.image_encoder.name == "timm:swin_base_patch4_window7_224"
     assert paper.image_encoder.pretrained == "ms_in22k"

@@ -4,10 +4,11 @@ leaderboard row, and impossible settings are one-line errors."""
 
 import pytest
 import torch
+from omegaconf import OmegaConf
 from worlds import random_backbones
 
 import methods.ccrk as ccrk_module
-from experiments.config import compose, method_label
+from experiments.config import compose, method_label, typed
 from experiments.runs import config_fingerprint
 from methods.ccrk import CCRk
 from tests.test_ccrk_module import (
@@ -17,7 +18,6 @@ from tests.test_ccrk_module import (
     Info,
     K,
     build,
-    method_config,
     training_batch,
 )
 
@@ -176,10 +176,15 @@ def test_training_step_clamps_a_temperature_pushed_past_its_bounds():
         assert module.temperature.log_tau.exp().item() == pytest.approx(bound)
 
 
+TINY_FUSION = {"fusion": {"init_from_text_layers": None, "heads": 4}}  # as method_config()
+
+
 def test_a_run_stored_before_the_ablation_keys_still_loads():
-    """Checkpoints and config.yaml files written before issue 14 lack these keys: the full model."""
-    method = method_config()
+    """config.yaml files written before issue 14 lack these keys: read through the method's
+    schema (as experiments.evaluate reads a run), the full model."""
+    stored = OmegaConf.to_container(compose(["method=ccrk"]))
     for key in ("use_fusion", "ablation", "ablations"):
-        method.pop(key)
+        stored["method"].pop(key)
+    method = OmegaConf.merge(typed(OmegaConf.create(stored)).method, TINY_FUSION)
     module = CCRk(method, OPTIM, Info(), EVALUATION)
     assert module.method_cfg.use_fusion and hasattr(module, "fusion")

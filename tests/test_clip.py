@@ -29,7 +29,9 @@ INFO = SimpleNamespace(
 
 
 def _clip(**method_overrides):
-    method = OmegaConf.merge(OmegaConf.load(CONFIGS / "method" / "clip.yaml"), method_overrides)
+    method = OmegaConf.merge(
+        OmegaConf.load(CONFIGS / "method" / "clip.yaml").method, method_overrides
+    )
     base = OmegaConf.load(CONFIGS / "base.yaml")
     return CLIPModule(method, base.optim, INFO, base.evaluation)
 

@@ -13,7 +13,7 @@ from worlds import RANDOM_BACKBONES
 
 from datamodules.datamodule import CCRDataModule
 from datamodules.synthetic.scene import SHAPES
-from experiments.config import compose
+from experiments.config import compose, typed
 from methods.covlr import CoVLR
 
 NUM_SHAPES, NUM_COLOURS = 3, 4
@@ -117,13 +117,17 @@ def test_variants_name_their_rows_and_switch_labels_and_temperature():
         assert (settings.uni_labels, settings.temperature) == (labels, temperature)
 
 
+TINY = {"embed_dim": 32, "cross_modal": {"layers": 1, "heads": 2}}  # as method_config()
+
+
 def test_a_config_stored_before_uni_labels_trains_on_the_object_labels(world):
-    stored = OmegaConf.masked_copy(
-        method_config(),
-        [k for k in method_config() if k not in ("uni_labels", "ablation", "ablations")],
-    )
+    """Read through the method's schema, as experiments.evaluate reads a stored run."""
+    stored = OmegaConf.to_container(compose(["method=covlr"]))
+    for key in ("uni_labels", "ablation", "ablations"):
+        stored["method"].pop(key)
+    method = OmegaConf.merge(typed(OmegaConf.create(stored)).method, TINY)
     torch.manual_seed(0)
-    module = CoVLR(stored, OPTIM, replace(world.info, backbones=RANDOM_BACKBONES), EVALUATION)
+    module = CoVLR(method, OPTIM, replace(world.info, backbones=RANDOM_BACKBONES), EVALUATION)
     assert module.image_uni_head.out_features == world.info.num_objects
 
 

@@ -56,7 +56,7 @@ class Info:
 def method_config(**overrides):
     """covlr.yaml at the spec's tiny test sizes, plus ``overrides``."""
     tiny = {"ablation": None, "embed_dim": 32, "cross_modal": {"layers": 1, "heads": 2}}
-    return OmegaConf.merge(OmegaConf.load(CONFIG), tiny, overrides)
+    return OmegaConf.merge(OmegaConf.load(CONFIG).method, tiny, overrides)
 
 
 def build(num_objects=CLASSES, **overrides):

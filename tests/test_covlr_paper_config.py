@@ -40,7 +40,7 @@ def test_paper_architecture_from_tiny_saved_models_trains_one_step(tmp_path):
     source = AutoModel.from_config(AutoConfig.for_model(**TINY_BERT))
     checkpoint = tmp_path / "bert.pt"
     torch.save(source.state_dict(), checkpoint)
-    paper = OmegaConf.load(PAPER)
+    paper = OmegaConf.load(PAPER).method
     assert paper.image_encoder.name == "timm:swin_base_patch4_window7_224"
     assert paper.text_encoder.name == "hf:bert-base-multilingual-cased"
     assert (paper.d_model, paper.cross_modal.layers, paper.cross_modal.heads) == (768, 6, 12)

@@ -80,7 +80,7 @@ def test_a_trimmed_batch_keeps_every_token_and_drops_only_pad_columns_to_a_multi
 
 @pytest.mark.parametrize("hf", [False, True], ids=["tiny text encoder", "hf XLM-R text encoder"])
 def test_clip_embeds_each_caption_and_scores_the_batch_the_same_with_trimmed_padding(hf):
-    method = OmegaConf.load(CONFIGS / "method" / "clip.yaml")
+    method = OmegaConf.load(CONFIGS / "method" / "clip.yaml").method
     base = OmegaConf.load(CONFIGS / "base.yaml")
     torch.manual_seed(0)
     module = CLIPModule(method, base.optim, info(pad_to_multiple=8, hf=hf), base.evaluation).eval()
@@ -107,7 +107,7 @@ def test_clip_embeds_each_caption_and_scores_the_batch_the_same_with_trimmed_pad
 def test_a_method_not_checked_for_trimmed_padding_refuses_it_naming_the_key():
     from methods.ccrk import CCRk
 
-    method = OmegaConf.load(CONFIGS / "method" / "ccrk.yaml")
+    method = OmegaConf.load(CONFIGS / "method" / "ccrk.yaml").method
     method.ablation = None
     base = OmegaConf.load(CONFIGS / "base.yaml")
     with pytest.raises(ValueError, match="data.pad_to_multiple=8: CCRk is not checked"):

@@ -37,7 +37,7 @@ TOLERANCE = dict(rtol=1e-4, atol=1e-6)
 
 def build(name, chunks, dropout=0.0, **method_overrides):
     """clip or ccrk from its preset on random tiny encoders, seeded, with ``grad_cache_chunks``."""
-    method = OmegaConf.load(CONFIGS / "method" / f"{name}.yaml")
+    method = OmegaConf.load(CONFIGS / "method" / f"{name}.yaml").method
     method.pop("optim", None)
     if name == "ccrk":  # a random fusion: the tiny text encoder has no pretrained layers to seed it
         method.ablation = None

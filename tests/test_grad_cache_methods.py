@@ -94,7 +94,6 @@ NO_DROPOUT = {
     "trikd.attn_dropout": 0.0,
     "translation.dropout": 0.0,
     "trikd.languages": "[en,xx]",
-    "protocol": "translate-train",
 }
 
 
@@ -106,7 +105,14 @@ def mclip(chunks, phase="trikd"):
     torch.manual_seed(0)
     method = mclip_setup.method_config(**NO_DROPOUT)
     return quiet(
-        MCLIP(method, mclip_optim(chunks), MCLIP_DATA, mclip_setup.BASE.evaluation, phase=phase)
+        MCLIP(
+            method,
+            mclip_optim(chunks),
+            MCLIP_DATA,
+            mclip_setup.BASE.evaluation,
+            phase=phase,
+            protocol="translate-train",
+        )
     )
 
 

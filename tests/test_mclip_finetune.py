@@ -67,10 +67,10 @@ def test_image_keys_match_equal_ids_and_separate_different_ones():
     ],
 )
 def test_the_protocol_decides_whether_and_on_what_fine_tuning_runs(protocol, languages, block):
-    method = method_config(run_protocol=protocol)
-    parsed = protocol_of(method, DATA.languages)
+    method = method_config()
+    parsed = protocol_of(protocol, method, DATA.languages)
     assert parsed.finetune_languages == languages and parsed.finetune_settings == block
-    stages = MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation)
+    stages = MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation, protocol=protocol)
     names = [s.name for s in stages]
     assert names[-1] == (FINETUNE if languages else "trikd")
     if languages:
@@ -93,20 +93,26 @@ def test_the_protocol_decides_whether_and_on_what_fine_tuning_runs(protocol, lan
     ],
 )
 def test_a_protocol_that_would_mislabel_the_run_is_refused(protocol, trikd_languages, message):
-    method = method_config(run_protocol=protocol, **{"trikd.languages": trikd_languages})
+    method = method_config(**{"trikd.languages": trikd_languages})
     with pytest.raises(ValueError, match=message):
-        MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation)
+        MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation, protocol=protocol)
+    with pytest.raises(ValueError, match=message):
+        MCLIP.check_config(method, DATA.languages, protocol=protocol)
 
 
-def test_the_run_protocol_follows_the_command_line_protocol():
-    assert compose(["method=mclip"]).method.run_protocol == "zero-shot"
-    cfg = compose(["method=mclip", "protocol=fine-tune-de"])
-    assert cfg.protocol == cfg.method.run_protocol == "fine-tune-de"
+def test_the_preset_protocol_is_zero_shot_and_the_command_line_replaces_it():
+    assert compose(["method=mclip"]).protocol == "zero-shot"
+    assert compose(["method=mclip", "protocol=fine-tune-de"]).protocol == "fine-tune-de"
+
+
+def test_the_fine_tuning_phase_needs_the_run_protocol():
+    with pytest.raises(ValueError, match="needs the run's protocol"):
+        MCLIP(method_config(), BASE.optim, DATA, BASE.evaluation, phase=FINETUNE)
 
 
 def test_fine_tuning_starts_from_tri_kd_with_the_temperature_restarted(tmp_path):
-    method = method_config(run_protocol="fine-tune-en", **{"trikd.dropout": 0.0})
-    stages = MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation)
+    method = method_config(**{"trikd.dropout": 0.0})
+    stages = MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation, protocol="fine-tune-en")
     trikd = stages[-2].build(None)
     with torch.no_grad():
         trikd.logit_scale.fill_(4.0)
@@ -127,9 +133,11 @@ def test_fine_tuning_starts_from_tri_kd_with_the_temperature_restarted(tmp_path)
 
 
 def test_the_fine_tuning_step_is_the_multi_positive_loss_and_moves_only_the_projectors():
-    method = method_config(run_protocol="fine-tune-all", **{"trikd.dropout": 0.0})
+    method = method_config(**{"trikd.dropout": 0.0})
     torch.manual_seed(0)
-    module = MCLIP(method, BASE.optim, DATA, BASE.evaluation, phase=FINETUNE).eval()
+    module = MCLIP(
+        method, BASE.optim, DATA, BASE.evaluation, phase=FINETUNE, protocol="fine-tune-all"
+    ).eval()
     batch = image_batch(n=6, languages=("en", "xx"))
     batch["ids"] = ["a", "b", "a", "c", "d", "e"]  # one image twice (e.g. a DDP-padded repeat)
     keys = image_keys(batch["ids"], torch.device("cpu"))

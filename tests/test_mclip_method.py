@@ -34,10 +34,10 @@ BASE = OmegaConf.load(CONFIGS / "base.yaml")
 def method_config(name="mclip", **overrides):
     """The preset with ``overrides``, its run-level interpolations (``${protocol}``,
     ``${variant}``) resolved as ``experiments.config.compose`` would with the preset's defaults."""
-    cfg = OmegaConf.load(CONFIGS / "method" / f"{name}.yaml")
+    preset = OmegaConf.load(CONFIGS / "method" / f"{name}.yaml")
     dotlist = [f"{k}={'null' if v is None else v}" for k, v in overrides.items()]
-    cfg = OmegaConf.merge(cfg, OmegaConf.from_dotlist(dotlist))
-    root = OmegaConf.create({"protocol": cfg.protocol, "variant": None, "method": cfg})
+    cfg = OmegaConf.merge(preset.method, OmegaConf.from_dotlist(dotlist))
+    root = OmegaConf.create({"protocol": preset.protocol, "variant": None, "method": cfg})
     return OmegaConf.create(OmegaConf.to_container(root.method, resolve=True))
 
 

@@ -176,7 +176,7 @@ class FakeDataModule:
 
 def test_the_pipeline_hands_each_stage_the_previous_stages_weights(tmp_path):
     method = method_config()
-    stages = MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation)
+    stages = MCLIP.pipeline(method, BASE.optim, DATA, BASE.evaluation, protocol="zero-shot")
     assert [s.name for s in stages] == ["teacher", "mte_nmt", "mte_ctl", "trikd"]
     budgets = [
         method.teacher.max_steps,
@@ -319,7 +319,7 @@ def test_the_paper_configuration_builds_and_trains_at_tiny_width(tmp_path):
             "eos_token_id": 2,
         }
     )
-    stages = MCLIP.pipeline(tiny, BASE.optim, data, BASE.evaluation)
+    stages = MCLIP.pipeline(tiny, BASE.optim, data, BASE.evaluation, protocol="zero-shot")
     assert [s.name for s in stages] == ["mte_nmt", "mte_ctl", "trikd"]
     module = stages[-1].build(None)
     assert isinstance(module.teacher, OpenClipTeacher)
@@ -438,7 +438,8 @@ def test_the_paper_preset_has_the_papers_trainable_count(tmp_path):
             "eos_token_id": 2,
         }
     )
-    module = MCLIP.pipeline(paper, BASE.optim, data, BASE.evaluation)[-1].build(None)
+    stages = MCLIP.pipeline(paper, BASE.optim, data, BASE.evaluation, protocol="zero-shot")
+    module = stages[-1].build(None)
     assert module.mte.out_dim == 768 and module.teacher.embed_dim == 512
     assert (
         tuple(module.clip_projector.weight.shape) == (768, 512)

@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-from omegaconf import open_dict
+from omegaconf import OmegaConf
 from rc3_helpers import LANGUAGES, Info, build, config, train_batch, with_tiny_regions
 from test_datamodule import synthetic_cfg
 
 import methods.rc3 as rc3_module
 from datamodules.datamodule import CCRDataModule
-from experiments.config import compose
+from experiments.config import ConfigError, compose
 from methods.rc3 import (
     FINETUNE,
     PRETRAIN,
@@ -47,7 +47,8 @@ class FakeDataModule:
 
 def pipeline(*overrides, languages=LANGUAGES):
     cfg = config(*overrides)
-    return RC3.pipeline(cfg.method, cfg.optim, Info(languages=languages), cfg.evaluation)
+    info = Info(languages=languages)
+    return RC3.pipeline(cfg.method, cfg.optim, info, cfg.evaluation, protocol=cfg.protocol)
 
 
 # ---- the loss and its candidates -----------------------------------------------------------------
@@ -239,11 +240,12 @@ def test_fine_tuning_uses_its_own_optimiser_settings():
 
 
 def test_an_unknown_fine_tuning_optim_key_is_a_clear_error():
-    cfg = config()
-    with open_dict(cfg):
-        cfg.method.finetune.optim.lrr = 1.0
+    with pytest.raises(ConfigError, match="unknown config key 'method.finetune.optim.lrr'"):
+        config("method.finetune.optim.lrr=1.0")
+    method = OmegaConf.to_container(config().method)  # a section built by hand, not composed
+    method["finetune"]["optim"]["lrr"] = 1.0
     with pytest.raises(ValueError, match="method.finetune.optim.lrr is not an optim key"):
-        RC3(cfg.method, cfg.optim, Info(), cfg.evaluation, phase=FINETUNE)
+        RC3(OmegaConf.create(method), config().optim, Info(), config().evaluation, phase=FINETUNE)
 
 
 # ---- protocols -----------------------------------------------------------------------------------
@@ -254,7 +256,7 @@ def test_an_unknown_fine_tuning_optim_key_is_a_clear_error():
 )
 def test_the_protocol_picks_the_stages_and_is_the_label(protocol, stages):
     cfg = compose(["method=rc3", f"protocol={protocol}"])
-    assert cfg.protocol == cfg.method.run_protocol == protocol  # what metrics.json records
+    assert cfg.protocol == protocol  # what metrics.json records
     built = pipeline(f"protocol={protocol}")
     assert [s.name for s in built] == stages
     assert [(s.max_steps, s.budget_key) for s in built] == [
@@ -277,7 +279,11 @@ def test_fine_tune_en_is_the_default():
     ],
 )
 def test_a_wrong_protocol_is_a_one_line_error(protocol, message):
-    for make in (lambda: pipeline(f"protocol={protocol}"), lambda: build(f"protocol={protocol}")):
+    def check():
+        cfg = config(f"protocol={protocol}")
+        RC3.check_config(cfg.method, list(LANGUAGES), protocol=cfg.protocol)
+
+    for make in (lambda: pipeline(f"protocol={protocol}"), check):
         with pytest.raises(ValueError, match=message) as error:
             make()
         assert "\n" not in str(error.value) and "protocol=" in str(error.value)

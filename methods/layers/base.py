@@ -41,6 +41,7 @@ EVAL_SIDES = (IMAGES, CAPTIONS)
 CROSS_ENCODER = (
     "cross_encoder"  # evaluation.scorer: every pair scored by the method's cross-encoder
 )
+DEFAULT_PROTOCOL = "default"  # the run's protocol for a method with one way to train
 
 
 @dataclass
@@ -202,13 +203,18 @@ class RetrievalModule(L.LightningModule):
         return {}
 
     @classmethod
-    def check_config(cls, method, languages: list[str]) -> None:
-        """Raise ``ValueError`` for a setting that cannot run, judged from the method's config
-        and the run's ``data.languages`` alone: called before any data is read. Default: none."""
+    def check_config(cls, method, languages: list[str], protocol: str = DEFAULT_PROTOCOL) -> None:
+        """Raise ``ValueError`` for a setting that cannot run, judged from the method's config,
+        the run's ``data.languages`` and its ``protocol`` alone: called before any data is read.
+        Default: none."""
 
     @classmethod
-    def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
-        """Default: one stage, 'main', building ``cls(...)`` and training on the training loader."""
+    def pipeline(
+        cls, method, optim, data, evaluation, protocol: str = DEFAULT_PROTOCOL
+    ) -> list[Stage]:
+        """The training stages for the run's ``protocol`` (which a method that trains by protocol
+        reads; ``experiments/method_schema.py``). Default: one stage, 'main', building
+        ``cls(...)`` and training on the training loader."""
         return [
             Stage(
                 "main",
