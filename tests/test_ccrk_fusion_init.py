@@ -43,8 +43,7 @@ class WorldInfo(Info):
 
 
 def preset(**overrides):
-    cfg = OmegaConf.load(CONFIG)
-    cfg.pop("optim")
+    cfg = OmegaConf.load(CONFIG).method
     cfg.ablation = None
     return OmegaConf.merge(cfg, OmegaConf.create(overrides))
 

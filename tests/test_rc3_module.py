@@ -438,7 +438,9 @@ def test_xtcl_draws_step_indexed_batches_from_the_loader_its_stage_attaches():
     """Issue 33: the parallel-text stream comes from the pretrain stage (``extra_loaders``), built
     when first read, not from the trainer's datamodule; without it XTCL is a one-line error."""
     cfg = config()
-    (pretrain,) = RC3.pipeline(cfg.method, cfg.optim, Info(), cfg.evaluation)[:1]
+    (pretrain,) = RC3.pipeline(
+        cfg.method, cfg.optim, Info(), cfg.evaluation, protocol=cfg.protocol
+    )[:1]
     built = []
 
     class Data:
