@@ -26,8 +26,8 @@ grep -v -E '^(#|torch==|torchvision==|nvidia-|triton==)' requirements/constraint
 "$VENV/bin/python" - <<'PY'
 import torch
 
-import experiments.eval_zoo, experiments.external, experiments.train  # noqa: F401 - the entry points
-import methods
+import ccr.experiments.eval_zoo, ccr.experiments.external, ccr.experiments.train  # noqa: F401 - the entry points
+from ccr import methods
 
 for name in methods.names():
     methods.get(name)

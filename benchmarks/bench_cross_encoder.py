@@ -20,11 +20,11 @@ import time
 
 import torch
 
-import methods
-from experiments.config import compose
-from experiments.pretrain.backbones import with_backbones
-from experiments.train import build_datamodule
-from methods.layers.cross_encoder_scoring import score_matrix
+from ccr import methods
+from ccr.experiments.config import compose
+from ccr.experiments.pretrain.backbones import with_backbones
+from ccr.experiments.train import build_datamodule
+from ccr.methods.layers.cross_encoder_scoring import score_matrix
 
 
 def first_batches(data, images: int, captions: int) -> tuple[dict, dict]:

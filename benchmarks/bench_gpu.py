@@ -11,8 +11,8 @@ three timed loops of ``--steps`` steps after ``--warmup``:
 
 * ``bare``: a plain PyTorch loop (autocast as the trainer's precision, the method's AdamW groups and
   schedule, gradient clipping) on batches already on the device: what the model allows;
-* ``lightning``: the suite's Trainer (``experiments.trainer.build_trainer``: loggers, progress bar,
-  checkpoint callback, and the callbacks ``experiments.train`` adds: throughput, training position,
+* ``lightning``: the suite's Trainer (``ccr.experiments.trainer.build_trainer``: loggers, progress bar,
+  checkpoint callback, and the callbacks ``ccr.experiments.train`` adds: throughput, training position,
   the non-finite-loss stop) on those same pre-loaded batches: the framework's overhead;
 * ``loader``: the same Trainer fed by the real training DataLoader: what a user's run gets
   (``--jpeg 500x375``: with the world's images re-encoded as JPEG photos of real-data size).
@@ -152,7 +152,7 @@ def bare_seconds(
     from torch.optim import AdamW
     from torch.optim.lr_scheduler import LambdaLR
 
-    from methods.layers.optim import SCHEDULES, param_groups, warmup_step_count
+    from ccr.methods.layers.optim import SCHEDULES, param_groups, warmup_step_count
 
     o, total = cfg.optim, warmup + steps
     optimizer = AdamW(
@@ -194,7 +194,12 @@ def lightning_seconds(
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
-    from experiments.trainer import StopOnNonFiniteLoss, Throughput, TrainingPosition, build_trainer
+    from ccr.experiments.trainer import (
+        StopOnNonFiniteLoss,
+        Throughput,
+        TrainingPosition,
+        build_trainer,
+    )
 
     class Timer(L.Callback):
         start = end = None
@@ -246,7 +251,7 @@ def as_jpeg_photos(image_dir: Path, size: str) -> None:
 def run_config(method: str, args, work: Path):
     """The composed run config: the method's paper preset on the synthetic world at the
     benchmark's sizes, then the command line's ``key=value`` overrides."""
-    from experiments.config import compose
+    from ccr.experiments.config import compose
 
     sizes = [
         f"data.image_size={args.image_size}",
@@ -278,10 +283,10 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
     import lightning as L
     from omegaconf import open_dict
 
-    import methods
-    from experiments.pretrain.backbones import with_backbones
-    from experiments.train import build_datamodule
-    from experiments.trainer import configure_matmul_precision, configure_threads
+    from ccr import methods
+    from ccr.experiments.pretrain.backbones import with_backbones
+    from ccr.experiments.train import build_datamodule
+    from ccr.experiments.trainer import configure_matmul_precision, configure_threads
 
     cfg = run_config(method, args, work)
     configure_threads(cfg)
@@ -301,7 +306,9 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
         module = stage.build(None)
     module.to(device)
     if hasattr(module, "parallel_batches"):  # rc3's parallel-text stream, read from the trainer's
-        from methods.rc3 import StepIndexedBatches  # datamodule in a run; this loop has none
+        from ccr.methods.rc3.module import (
+            StepIndexedBatches,  # datamodule in a run; this loop has none
+        )
 
         module.parallel_batches = StepIndexedBatches(data.parallel_dataloader())
     loader = stage.dataloader(data)
@@ -464,7 +471,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
 
 
 def main(argv: Sequence[str] | None = None) -> list[dict]:
-    from experiments.cli import quiet
+    from ccr.experiments.cli import quiet
 
     args = parse_args(argv)
     quiet()

@@ -30,8 +30,8 @@ from PIL import Image
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from datamodules.datasets import ImageTransform
-from datamodules.image_cache import cached_images
+from ccr.datamodules.datasets import ImageTransform
+from ccr.datamodules.image_cache import cached_images
 
 MEAN, STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
 
@@ -109,8 +109,8 @@ def main() -> None:
         cached = cached_images(paths, transform, tmp / "cache")
         report(f"jpeg {width}x{height} cached", rate(cached, paths, args.repeats), args.target)
         for image_cache in (False, True):
-            from experiments.config import compose
-            from experiments.train import build_datamodule
+            from ccr.experiments.config import compose
+            from ccr.experiments.train import build_datamodule
 
             cfg = compose(
                 [

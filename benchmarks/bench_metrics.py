@@ -108,7 +108,7 @@ def graded_relevance(num_images: int):
 
 
 def run_report(image, text, caption_image, caption_language, graded=False):
-    from metrics import retrieval_report
+    from ccr.metrics import retrieval_report
 
     report = retrieval_report(
         image,

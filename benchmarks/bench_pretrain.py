@@ -27,7 +27,7 @@ def main(overrides: list[str]) -> None:
             [
                 sys.executable,
                 "-m",
-                "experiments.pretrain",
+                "ccr.experiments.pretrain",
                 f"data.root={root}",
                 *overrides,
             ],

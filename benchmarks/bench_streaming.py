@@ -21,10 +21,10 @@ import sys
 import time
 from pathlib import Path
 
-from datamodules import shards
-from experiments.config import compose
-from experiments.shards import main as write_shards
-from experiments.train import build_datamodule
+from ccr.datamodules import shards
+from ccr.experiments.config import compose
+from ccr.experiments.shards import main as write_shards
+from ccr.experiments.train import build_datamodule
 
 
 def first_batch_and_rate(overrides: list[str], batches: int) -> dict:

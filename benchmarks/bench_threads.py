@@ -21,9 +21,9 @@ import lightning as L
 import torch
 from bench_throughput import StepTimer  # a sibling script: python benchmarks/bench_threads.py
 
-from experiments.config import compose
-from experiments.train import StageData, build_datamodule, stages_of
-from experiments.trainer import TrainingPosition, build_trainer
+from ccr.experiments.config import compose
+from ccr.experiments.train import StageData, build_datamodule, stages_of
+from ccr.experiments.trainer import TrainingPosition, build_trainer
 
 THREADS = (1, 2)
 

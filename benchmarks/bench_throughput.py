@@ -23,12 +23,12 @@ import torch
 from torch.optim import AdamW
 from torch.optim.lr_scheduler import LambdaLR
 
-import methods
-from experiments.config import compose
-from experiments.pretrain.backbones import with_backbones
-from experiments.train import build_datamodule
-from experiments.trainer import build_trainer, configure_threads
-from methods.layers.optim import param_groups, warmup_cosine
+from ccr import methods
+from ccr.experiments.config import compose
+from ccr.experiments.pretrain.backbones import with_backbones
+from ccr.experiments.train import build_datamodule
+from ccr.experiments.trainer import build_trainer, configure_threads
+from ccr.methods.layers.optim import param_groups, warmup_cosine
 
 
 class StepTimer(L.Callback):

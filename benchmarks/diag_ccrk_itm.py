@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from datamodules.synthetic.scene import BACKGROUNDS, COLOURS, SHAPES
-from experiments.config import typed
-from experiments.runs import load_checkpoint
-from experiments.train import build_datamodule, stages_of
-from experiments.trainer import configure_threads
-from methods.layers.hard_sampling import matching_loss, sample_hard_examples
+from ccr.datamodules.synthetic.scene import BACKGROUNDS, COLOURS, SHAPES
+from ccr.experiments.config import typed
+from ccr.experiments.runs import load_checkpoint
+from ccr.experiments.train import build_datamodule, stages_of
+from ccr.experiments.trainer import configure_threads
+from ccr.methods.ccrk.hard_sampling import matching_loss, sample_hard_examples
 
 POSITIONS = {
     "on the left": "left",

@@ -29,12 +29,12 @@ import torch
 import torch.nn.functional as F
 from omegaconf import OmegaConf
 
-from experiments.config import typed
-from experiments.pretrain.backbones import with_backbones
-from experiments.runs import load_checkpoint
-from experiments.train import build_datamodule, stages_of
-from experiments.trainer import configure_threads
-from methods.layers.encoders import TextEncoder
+from ccr.experiments.config import typed
+from ccr.experiments.pretrain.backbones import with_backbones
+from ccr.experiments.runs import load_checkpoint
+from ccr.experiments.train import build_datamodule, stages_of
+from ccr.experiments.trainer import configure_threads
+from ccr.methods.layers.encoders import TextEncoder
 
 ENGLISH = "en"
 

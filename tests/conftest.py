@@ -2,7 +2,7 @@
 
 ``make test`` runs two pytest workers on a 2-core machine; two OpenMP threads each would
 oversubscribe the cores and make small-tensor tests several times slower. A test that trains
-through ``experiments.train`` applies its config's thread count (rc3's preset: 2); the fixture
+through ``ccr.experiments.train`` applies its config's thread count (rc3's preset: 2); the fixture
 below puts one thread back after every test.
 """
 

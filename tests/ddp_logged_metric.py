@@ -14,7 +14,7 @@ import torch
 from torch.utils.data import DataLoader
 from torchmetrics import MetricCollection
 
-from metrics import GroundTruth, RetrievalEvaluation
+from ccr.metrics import GroundTruth, RetrievalEvaluation
 
 NUM_IMAGES = 9
 LANGUAGES = ["en"] * NUM_IMAGES + ["de"] * (NUM_IMAGES - 1)  # image 8 has no "de" caption

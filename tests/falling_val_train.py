@@ -1,4 +1,4 @@
-"""``python tests/falling_val_train.py [INT|KILL N] key=value ...``: ``experiments.train`` (sent
+"""``python tests/falling_val_train.py [INT|KILL N] key=value ...``: ``ccr.experiments.train`` (sent
 ``SIGNAL`` at its N-th batch as ``interrupted_train.py`` does, when given one) whose val ``en/mR``
 is forced to ``100 - global step``: its first validation is the best, so model selection must keep
 the earliest validated weights, in one process or across a resume."""
@@ -7,7 +7,7 @@ import sys
 from contextlib import contextmanager
 from unittest import mock
 
-from methods.layers.base import RetrievalModule
+from ccr.methods.base import RetrievalModule
 
 
 @contextmanager
@@ -34,9 +34,9 @@ def main() -> None:
             sys.argv = [sys.argv[0], *args]
             interrupted_train.main()
         else:
-            import experiments.train
+            import ccr.experiments.train
 
-            experiments.train.main(args)
+            ccr.experiments.train.main(args)
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""``python tests/interrupted_train.py SIGNAL N key=value ...``: ``experiments.train`` that sends
+"""``python tests/interrupted_train.py SIGNAL N key=value ...``: ``ccr.experiments.train`` that sends
 itself ``SIGNAL`` (INT or KILL) when its N-th training batch (counted over all stages) starts, the
 way a user's Ctrl-C or the OOM killer would stop it mid-run."""
 
@@ -8,7 +8,7 @@ import sys
 
 from lightning.pytorch.callbacks import Callback
 
-import experiments.train as train_module
+import ccr.experiments.train as train_module
 
 
 class SignalAtBatch(Callback):

@@ -5,8 +5,8 @@ from dataclasses import dataclass
 import torch
 from omegaconf import open_dict
 
-from experiments.config import compose
-from methods.rc3 import PRETRAIN, RC3
+from ccr.experiments.config import compose
+from ccr.methods.rc3.module import PRETRAIN, RC3
 
 B, K, L, VOCAB, IMAGE = 8, 3, 12, 60, 16
 LANGUAGES = ("en", "de", "ja")

@@ -2,7 +2,7 @@
 (a float64 relevance row per query and candidate), kept to check that the per-image one gives the
 same values. Slow: do not use outside tests.
 
-DCG@k = sum over ranked items of gain(rel) x discount, tie-averaged (see ``metrics.discount``);
+DCG@k = sum over ranked items of gain(rel) x discount, tie-averaged (see ``ccr.metrics.discount``);
 IDCG@k is the DCG of the k largest gains of the query; a query with no positive gain scores 0.
 Gains: ``"exponential"`` is 2^rel - 1 (CoVLR's protocol), ``"linear"`` is rel (sklearn and
 torchmetrics); both agree for binary relevance.
@@ -15,7 +15,7 @@ from collections.abc import Callable
 import torch
 from torch import Tensor
 
-from metrics.discount import tie_averaged_discount
+from ccr.metrics.discount import tie_averaged_discount
 
 GAINS: dict[str, Callable[[Tensor], Tensor]] = {
     "exponential": lambda relevance: torch.pow(2.0, relevance) - 1.0,

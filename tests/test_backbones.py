@@ -15,16 +15,16 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 from transformers import AutoModel, XLMRobertaConfig, XLMRobertaModel
 
-from datamodules.datamodule import CCRDataModule
-from datamodules.synthetic import load_split
-from experiments.config import compose
-from experiments.pretrain import backbones
-from experiments.pretrain import text as pretrain_text
-from experiments.pretrain.backbones import with_backbones, world_backbones
-from experiments.pretrain.seq2seq import Seq2SeqRecipe
-from methods.layers.encoders import ImageEncoder, TextEncoder
+from ccr.datamodules.datamodule import CCRDataModule
+from ccr.datamodules.synthetic import load_split
+from ccr.experiments.config import compose
+from ccr.experiments.pretrain import backbones
+from ccr.experiments.pretrain import text as pretrain_text
+from ccr.experiments.pretrain.backbones import with_backbones, world_backbones
+from ccr.experiments.pretrain.seq2seq import Seq2SeqRecipe
+from ccr.methods.layers.encoders import ImageEncoder, TextEncoder
 
-CONFIG = Path(__file__).resolve().parents[1] / "experiments/configs/data/synthetic.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "ccr/experiments/configs/data/synthetic.yaml"
 LANGUAGES = ["en", "de", "ja"]
 # The threshold an encoder with a real cross-lingual link should clear (chance is 0.5; the same
 # architecture at random init measured 0.51-0.59 over three seeds on this world).

@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from experiments import evaluate as evaluate_cli
-from experiments import train as train_cli
-from experiments.config import compose
-from experiments.runs import save_config
+from ccr.experiments import evaluate as evaluate_cli
+from ccr.experiments import train as train_cli
+from ccr.experiments.config import compose
+from ccr.experiments.runs import save_config
 
 # Any read would fail (no dataset, no tokenizer folder): the checks below must come first.
 NO_DATA = ["data=multi30k", "data.root=/no/such/dataset", "data.tokenizer.name=/no/such/tokenizer"]
@@ -108,11 +108,11 @@ def no_space(*args, **kwargs):
 
 
 def test_a_full_disk_while_writing_a_result_names_the_file(tmp_path, capsys, monkeypatch):
-    from experiments import cli
-    from experiments.runs import write_atomic
+    from ccr.experiments import cli
+    from ccr.experiments.runs import write_atomic
 
     target = tmp_path / "run" / "metrics.json"
-    monkeypatch.setattr("experiments.runs.os.fsync", no_space)
+    monkeypatch.setattr("ccr.experiments.runs.os.fsync", no_space)
     err = run_cli(lambda argv: cli.run(lambda args: write_atomic(target, "{}"), argv), [], capsys)
     assert err == (
         f"error: {target}: No space left on device; free space, or write the run "
@@ -122,10 +122,10 @@ def test_a_full_disk_while_writing_a_result_names_the_file(tmp_path, capsys, mon
 
 
 def test_a_full_disk_while_saving_a_checkpoint_names_the_file(tmp_path, monkeypatch):
-    from experiments.trainer import AtomicCheckpointIO
+    from ccr.experiments.trainer import AtomicCheckpointIO
 
     target = tmp_path / "checkpoints" / "last.ckpt"
-    monkeypatch.setattr("experiments.trainer.os.fsync", no_space)
+    monkeypatch.setattr("ccr.experiments.trainer.os.fsync", no_space)
     with pytest.raises(OSError) as raised:
         AtomicCheckpointIO().save_checkpoint({"state_dict": {}}, target)
     assert raised.value.errno == errno.ENOSPC and raised.value.filename == str(target)

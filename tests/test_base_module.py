@@ -13,10 +13,10 @@ from omegaconf import OmegaConf
 from torch import nn
 from torch.utils.data import DataLoader
 
-import metrics
-from methods.layers.base import RetrievalModule, Stage
-from methods.layers.contrastive import LearnableTemperature, info_nce
-from methods.layers.optim import param_groups, warmup_cosine
+from ccr import metrics
+from ccr.methods.base import RetrievalModule, Stage
+from ccr.methods.layers.contrastive import LearnableTemperature, info_nce
+from ccr.methods.layers.optim import param_groups, warmup_cosine
 
 N_IMAGES, CAPTIONS_PER_IMAGE, LENGTH, VOCAB = 6, 2, 5, 30
 OPTIM = OmegaConf.create(
@@ -382,7 +382,7 @@ def test_every_evaluation_encoder_call_has_its_loaders_batch_shape(fake_report):
 
 
 def test_a_last_stage_that_builds_no_retrieval_module_is_an_error_naming_it():
-    from experiments.train import last_report
+    from ccr.experiments.train import last_report
 
     stage = Stage(
         "translate", build=lambda previous: L.LightningModule(), dataloader=lambda dm: None

@@ -9,7 +9,7 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from methods.layers.one_to_k import one_to_k_loss
+from ccr.methods.ccrk.one_to_k import one_to_k_loss
 
 WORLD, LOCAL_B, K, IN_DIM, DIM = 2, 3, 3, 5, 4
 

@@ -11,8 +11,8 @@ from test_ccrk_module import CONFIG, EVALUATION, OPTIM, Info, training_batch
 from transformers import AutoConfig, AutoModel
 from worlds import random_backbones
 
-from methods.ccrk import CCRk, seed_layer_indices
-from methods.layers.optim import param_groups
+from ccr.methods.ccrk.module import CCRk, seed_layer_indices
+from ccr.methods.layers.optim import param_groups
 
 WORLD_TEXT = {
     "model_type": "xlm-roberta",

@@ -9,11 +9,11 @@ import torch
 from omegaconf import OmegaConf
 from worlds import RANDOM_BACKBONES
 
-import methods
-import methods.ccrk as ccrk_module
-from methods.ccrk import CCRk
+import ccr.methods.ccrk.module as ccrk_module
+from ccr import methods
+from ccr.methods.ccrk.module import CCRk
 
-CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "ccrk.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "ccr/experiments/configs/method/ccrk.yaml"
 B, K, L, VOCAB, IMAGE = 8, 3, 16, 120, 32
 OPTIM = OmegaConf.create(
     {
@@ -276,7 +276,7 @@ def test_length_buckets_leave_real_token_states_unchanged():
 
 
 def test_itm_reranking_through_the_metrics_hook_orders_by_itm_when_k_covers_everything():
-    import metrics
+    from ccr import metrics
 
     module = build().eval()
     batch = training_batch(seed=4)
@@ -365,7 +365,7 @@ def test_the_matching_head_learns_a_batch_whose_images_it_can_tell_apart():
     """MITM through the real path (encoders, fusion, ITM head) memorises 8 instances: on the default
     world's random-init encoders it sat at the 1:2 prior (0.636) because the image tokens of
     different scenes barely differed, not because the path was broken (issue 14)."""
-    from methods.layers.hard_sampling import matching_loss, sample_hard_examples
+    from ccr.methods.ccrk.hard_sampling import matching_loss, sample_hard_examples
 
     module, batch = build(), training_batch(seed=3)
     ids, mask = batch["input_ids"].reshape(B * K, L), batch["attention_mask"].reshape(B * K, L)

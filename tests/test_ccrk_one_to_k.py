@@ -6,8 +6,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from methods.layers.distributed import RowLayout
-from methods.layers.one_to_k import one_to_k_i2t, one_to_k_terms, positive_mask
+from ccr.methods.ccrk.one_to_k import one_to_k_i2t, one_to_k_terms, positive_mask
+from ccr.methods.layers.distributed import RowLayout
 
 
 def kcl(image, text, tau, **kwargs):

@@ -8,8 +8,8 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from experiments.config import compose
-from methods.ccrk import CCRk
+from ccr.experiments.config import compose
+from ccr.methods.ccrk.module import CCRk
 from tests.test_ccrk_module import EVALUATION, Info, method_config
 
 TOTAL_STEPS = 200  # 3 % of 200 = 6 warm-up steps

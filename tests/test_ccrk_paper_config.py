@@ -8,12 +8,10 @@ from omegaconf import OmegaConf
 from test_ccrk_module import EVALUATION, OPTIM, VOCAB, Info, training_batch
 from transformers import AutoConfig, AutoModel
 
-from methods.ccrk import CCRk
-from methods.layers.fusion_init import fusion_from_hf_layers
+from ccr.methods.ccrk.fusion_init import fusion_from_hf_layers
+from ccr.methods.ccrk.module import CCRk
 
-PAPER = (
-    Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "ccrk_paper.yaml"
-)
+PAPER = Path(__file__).resolve().parents[1] / "ccr/experiments/configs/method/ccrk_paper.yaml"
 TINY_XLMR = {
     "model_type": "xlm-roberta",
     "vocab_size": VOCAB,

@@ -7,8 +7,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-import metrics
-from methods.layers.encoders import TextOutput
+from ccr import metrics
+from ccr.methods.layers.encoders import TextOutput
 from tests.test_ccrk_module import build
 
 N, LANGUAGES, FIRST_TOKEN = 8, ("en", "de"), 10

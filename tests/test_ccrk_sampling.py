@@ -5,13 +5,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from methods.layers.hard_sampling import (
+from ccr.methods.ccrk.hard_sampling import (
     HardSamples,
     matching_loss,
     sample_hard_examples,
     sampling_weights,
 )
-from methods.layers.masking import IGNORE_INDEX, mask_tokens
+from ccr.methods.layers.masking import IGNORE_INDEX, mask_tokens
 
 
 def features_with_cosines(cosines):

@@ -7,10 +7,10 @@ import torch
 from omegaconf import OmegaConf
 from worlds import random_backbones
 
-import methods.ccrk as ccrk_module
-from experiments.config import compose, method_label, typed
-from experiments.runs import config_fingerprint
-from methods.ccrk import CCRk
+import ccr.methods.ccrk.module as ccrk_module
+from ccr.experiments.config import compose, method_label, typed
+from ccr.experiments.runs import config_fingerprint
+from ccr.methods.ccrk.module import CCRk
 from tests.test_ccrk_module import (
     EVALUATION,
     OPTIM,
@@ -181,7 +181,7 @@ TINY_FUSION = {"fusion": {"init_from_text_layers": None, "heads": 4}}  # as meth
 
 def test_a_run_stored_before_the_ablation_keys_still_loads():
     """config.yaml files written before issue 14 lack these keys: read through the method's
-    schema (as experiments.evaluate reads a run), the full model."""
+    schema (as ccr.experiments.evaluate reads a run), the full model."""
     stored = OmegaConf.to_container(compose(["method=ccrk"]))
     for key in ("use_fusion", "ablation", "ablations"):
         stored["method"].pop(key)

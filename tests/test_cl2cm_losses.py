@@ -9,19 +9,19 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from methods.layers.contrastive import info_nce
-from methods.layers.cross_lingual import (
+from ccr.methods.cl2cm.cross_lingual import (
     maxsim_word_similarity,
     relational_kd_loss,
     teacher_similarity,
     word_align_loss,
     word_mask,
 )
-from methods.layers.optimal_transport import (
+from ccr.methods.cl2cm.optimal_transport import (
     attention_pseudo_labels,
     ot_pseudo_labels,
     sinkhorn_plan,
 )
+from ccr.methods.layers.contrastive import info_nce
 
 TOY_C = torch.tensor([[[0.9, 0.1, 0.0], [0.2, 0.8, 0.7]]])
 ALL2, ALL3 = torch.ones(1, 2, dtype=torch.bool), torch.ones(1, 3, dtype=torch.bool)

@@ -10,10 +10,10 @@ import torch
 import torch.nn.functional as F
 from worlds import random_backbones
 
-import methods
-import methods.cl2cm as cl2cm_module
-from experiments.config import compose
-from methods.cl2cm import CL2CM
+import ccr.methods.cl2cm.module as cl2cm_module
+from ccr import methods
+from ccr.experiments.config import compose
+from ccr.methods.cl2cm.module import CL2CM
 
 B, L, VOCAB, IMAGE = 6, 14, 90, 32
 ABLATIONS = [

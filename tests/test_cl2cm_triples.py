@@ -12,9 +12,9 @@ import pytest
 import torch
 from worlds import SMALL_PRETRAINED_BACKBONES
 
-from datamodules.triples import triple_dataloader, triple_index
-from experiments.config import compose
-from experiments.train import build_datamodule
+from ccr.datamodules.triples import triple_dataloader, triple_index
+from ccr.experiments.config import compose
+from ccr.experiments.train import build_datamodule
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = [
@@ -106,7 +106,7 @@ def test_cli_training_beats_chance_on_a_tiny_world(tmp_path):
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     argv = [*TRAIN, f"data.root={tmp_path / 'world'}", f"run_dir={tmp_path / 'runs'}"]
     subprocess.run(
-        [sys.executable, "-m", "experiments.train", *argv],
+        [sys.executable, "-m", "ccr.experiments.train", *argv],
         cwd=REPO,
         env=env,
         check=True,

@@ -10,10 +10,10 @@ from omegaconf import OmegaConf
 from torch.utils.data import DataLoader
 from worlds import RANDOM_BACKBONES
 
-from methods.clip import CLIPModule
-from methods.layers.batches import sample_one_language
+from ccr.methods.clip.module import CLIPModule
+from ccr.methods.layers.batches import sample_one_language
 
-CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "ccr/experiments/configs"
 INFO = SimpleNamespace(
     languages=["en", "de", "fr"],
     vocab_size=40,

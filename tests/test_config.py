@@ -3,7 +3,7 @@
 import pytest
 from omegaconf import OmegaConf
 
-from experiments.config import ConfigError, available, compose, method_label, typed
+from ccr.experiments.config import ConfigError, available, compose, method_label, typed
 
 
 def test_defaults_compose_every_group():
@@ -98,7 +98,7 @@ def test_every_preset_combination_composes_against_the_schema():
 
 
 def test_the_cpu_preset_takes_the_methods_thread_count_and_it_is_execution_only():
-    from experiments.runs import config_fingerprint
+    from ccr.experiments.runs import config_fingerprint
 
     rc3, clip = compose(["method=rc3"]), compose(["method=clip"])
     assert rc3.trainer.cpu_threads == 2 and clip.trainer.cpu_threads == 1  # clip declares none
@@ -142,7 +142,7 @@ def test_an_image_budget_below_one_or_not_a_number_is_a_one_line_error_naming_th
 
 
 def test_rc3s_cpu_preset_scores_the_first_100_images_and_its_paper_preset_every_image():
-    from experiments.runs import config_fingerprint, experiment_settings
+    from ccr.experiments.runs import config_fingerprint, experiment_settings
 
     rc3, paper = compose(["method=rc3"]), compose(["method=rc3_paper"])
     assert (rc3.evaluation.max_images, paper.evaluation.max_images) == (100, None)

@@ -11,8 +11,8 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from methods.layers.contrastive import LearnableTemperature, info_nce
-from methods.layers.distributed import gather_with_grad, rank, world_size
+from ccr.methods.layers.contrastive import LearnableTemperature, info_nce
+from ccr.methods.layers.distributed import gather_with_grad, rank, world_size
 
 WORLD, LOCAL_BATCH, DIM = 2, 3, 8
 

@@ -15,7 +15,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from test_covlr_module import B, build, grads, training_batch
 
-import methods.covlr as covlr
+import ccr.methods.covlr.module as covlr
 
 WORLD = 2
 SETTINGS = {

@@ -1,4 +1,4 @@
-"""``python -m experiments.train method=covlr`` on a tiny world: trains a few steps through the CLI,
+"""``python -m ccr.experiments.train method=covlr`` on a tiny world: trains a few steps through the CLI,
 evaluates, and beats chance recall by a stated margin."""
 
 import json
@@ -56,7 +56,7 @@ def test_cli_run_beats_chance(tmp_path):
     ]
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     subprocess.run(
-        [sys.executable, "-m", "experiments.train", *argv],
+        [sys.executable, "-m", "ccr.experiments.train", *argv],
         cwd=REPO,
         env=env,
         check=True,

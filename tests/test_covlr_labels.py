@@ -11,10 +11,10 @@ from test_covlr_module import EVALUATION, OPTIM, method_config
 from test_datamodule import synthetic_cfg
 from worlds import RANDOM_BACKBONES
 
-from datamodules.datamodule import CCRDataModule
-from datamodules.synthetic.scene import SHAPES
-from experiments.config import compose, typed
-from methods.covlr import CoVLR
+from ccr.datamodules.datamodule import CCRDataModule
+from ccr.datamodules.synthetic.scene import SHAPES
+from ccr.experiments.config import compose, typed
+from ccr.methods.covlr.module import CoVLR
 
 NUM_SHAPES, NUM_COLOURS = 3, 4
 
@@ -121,7 +121,7 @@ TINY = {"embed_dim": 32, "cross_modal": {"layers": 1, "heads": 2}}  # as method_
 
 
 def test_a_config_stored_before_uni_labels_trains_on_the_object_labels(world):
-    """Read through the method's schema, as experiments.evaluate reads a stored run."""
+    """Read through the method's schema, as ccr.experiments.evaluate reads a stored run."""
     stored = OmegaConf.to_container(compose(["method=covlr"]))
     for key in ("uni_labels", "ablation", "ablations"):
         stored["method"].pop(key)

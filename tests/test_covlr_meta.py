@@ -9,7 +9,7 @@ import torch
 from test_covlr_module import build, grads, training_batch
 from torch import nn
 
-from methods.layers.meta import meta_objective
+from ccr.methods.covlr.meta import meta_objective
 
 A, B_TARGET, THETA, ALPHA = (0.0, 0.0), (3.0, 3.0), (1.0, 2.0), 0.1
 

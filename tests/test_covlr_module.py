@@ -9,9 +9,9 @@ import torch
 from omegaconf import OmegaConf
 from worlds import RANDOM_BACKBONES
 
-from methods.covlr import CoVLR
+from ccr.methods.covlr.module import CoVLR
 
-CONFIG = Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "covlr.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "ccr/experiments/configs/method/covlr.yaml"
 B, K, L, VOCAB, IMAGE, CLASSES = 8, 3, 16, 120, 32, 10
 OPTIM = OmegaConf.create(
     {
@@ -112,12 +112,12 @@ import pytest  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 from torch import nn  # noqa: E402
 
-import methods  # noqa: E402
-import methods.covlr as covlr  # noqa: E402
-from methods.layers.augment import drop_tokens, flip_and_translate  # noqa: E402
-from methods.layers.contrastive import info_nce  # noqa: E402
-from methods.layers.intra_modal import soft_label_cross_entropy, view_info_nce  # noqa: E402
-from methods.layers.patch_masking import MaskedPatches, mask_patches  # noqa: E402
+import ccr.methods.covlr.module as covlr  # noqa: E402
+from ccr import methods  # noqa: E402
+from ccr.methods.covlr.augment import drop_tokens, flip_and_translate  # noqa: E402
+from ccr.methods.covlr.intra_modal import soft_label_cross_entropy, view_info_nce  # noqa: E402
+from ccr.methods.covlr.patch_masking import MaskedPatches, mask_patches  # noqa: E402
+from ccr.methods.layers.contrastive import info_nce  # noqa: E402
 
 
 def test_registered_under_covlr():

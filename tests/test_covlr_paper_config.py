@@ -8,11 +8,9 @@ from omegaconf import OmegaConf
 from test_covlr_module import EVALUATION, OPTIM, VOCAB, Info, grads, training_batch
 from transformers import AutoConfig, AutoModel
 
-from methods.covlr import CoVLR
+from ccr.methods.covlr.module import CoVLR
 
-PAPER = (
-    Path(__file__).resolve().parents[1] / "experiments" / "configs" / "method" / "covlr_paper.yaml"
-)
+PAPER = Path(__file__).resolve().parents[1] / "ccr/experiments/configs/method/covlr_paper.yaml"
 TINY_BERT = {
     "model_type": "bert",
     "vocab_size": VOCAB,

@@ -1,12 +1,12 @@
-"""The shared cross-encoder evaluation path (methods/layers/cross_encoder_scoring.py): every pair and
+"""The shared cross-encoder evaluation path (ccr/methods/layers/cross_encoder_scoring.py): every pair and
 each top k give exactly what scoring one pair at a time gives, whatever the chunk sizes, with calls
 no larger than asked; and the metrics rank a score matrix as they rank the embeddings it came from."""
 
 import pytest
 import torch
 
-import metrics
-from methods.layers.cross_encoder_scoring import TopKRescorer, score_matrix, score_pairs
+from ccr import metrics
+from ccr.methods.layers.cross_encoder_scoring import TopKRescorer, score_matrix, score_pairs
 
 N_IMAGES, N_CAPTIONS = 7, 11
 

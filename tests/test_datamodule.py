@@ -11,10 +11,10 @@ import torch
 from omegaconf import OmegaConf
 from PIL import Image
 
-from datamodules import synthetic
-from datamodules.datamodule import CCRDataModule, EpochSampler
+from ccr.datamodules import synthetic
+from ccr.datamodules.datamodule import CCRDataModule, EpochSampler
 
-CONFIG = Path(__file__).resolve().parents[1] / "experiments/configs/data/synthetic.yaml"
+CONFIG = Path(__file__).resolve().parents[1] / "ccr/experiments/configs/data/synthetic.yaml"
 LANGUAGES = ["en", "de", "fr", "cs", "ja", "zh"]
 
 
@@ -195,8 +195,8 @@ def test_an_image_budget_larger_than_a_split_keeps_the_whole_split(dm):
 
 
 def test_the_run_datamodule_takes_the_image_budget_from_the_evaluation_section(monkeypatch):
-    from experiments import train
-    from experiments.config import compose
+    from ccr.experiments import train
+    from ccr.experiments.config import compose
 
     made = []
 
@@ -343,7 +343,7 @@ class _Draws(torch.utils.data.Dataset):
 
 
 def test_seeded_items_draw_from_the_item_seed_and_leave_accelerator_rngs_alone(monkeypatch):
-    from datamodules.datamodule import SeededItems
+    from ccr.datamodules.datamodule import SeededItems
 
     reseeded = []
     for module in (torch.cuda, torch.xpu, torch.mtia):  # what torch.manual_seed also reseeds
@@ -367,7 +367,7 @@ def test_seeded_items_draw_from_the_item_seed_and_leave_accelerator_rngs_alone(m
 def test_the_world_names_what_its_backbones_learn_from_and_trains_none(dm):
     """The datamodule only reads data: for the world it gives a handle to the pretrained backbones
     (the clean twin's pretrain split, the tokenizer, the data settings, ``data.backbones``), and
-    ``experiments.pretrain`` builds them; setting up trains nothing and fills no backbones."""
+    ``ccr.experiments.pretrain`` builds them; setting up trains nothing and fills no backbones."""
     handle = dm.backbones
     assert dm.info.backbones == {}
     assert handle.knobs == dm.world.knobs.clean() != dm.world.knobs  # weak_fraction=0.5 here

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from worlds import QUICK_BACKBONES
 
-import methods
+from ccr import methods
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = [
@@ -73,7 +73,7 @@ def test_ddp_training_scores_equal_a_one_process_rescoring(method, tmp_path_fact
     runs = tmp_path_factory.mktemp("ddp_runs")
     world = tmp_path_factory.getbasetemp() / "ddp_world"
     cli(
-        "experiments.train",
+        "ccr.experiments.train",
         f"method={method}",
         f"data.root={world}",
         f"run_dir={runs}",
@@ -90,7 +90,7 @@ def test_ddp_training_scores_equal_a_one_process_rescoring(method, tmp_path_fact
     run_dir = runs / "synthetic" / method / "ddp"
     trained = json.loads((run_dir / "metrics.json").read_text())
     cli(
-        "experiments.evaluate",
+        "ccr.experiments.evaluate",
         f"ckpt={trained['checkpoint']}",
         "trainer.devices=1",
         "trainer.strategy=auto",
@@ -107,12 +107,12 @@ def test_ddp_training_scores_equal_a_one_process_rescoring(method, tmp_path_fact
     assert len(unimodal) == expected_unimodal
     for key, value in trained["metrics"].items():
         # exactly, uni-modal scores too: evaluation encodes every item in one batch shape
-        # (methods.layers.base), so sharding does not move near-tied t2t pairs
+        # (ccr.methods.base), so sharding does not move near-tied t2t pairs
         assert value == rescored["metrics"][key], key
     assert {"en/i2t/R@1", "ja/t2i/R@10", "mR"} <= set(trained["metrics"])
 
 
-def _ddp_clip(runs, world, run_id, *extra, script=("-m", "experiments.train"), timeout=300):
+def _ddp_clip(runs, world, run_id, *extra, script=("-m", "ccr.experiments.train"), timeout=300):
     """A 2-process clip run of 6 steps on WORLD: 48 records, 8 per process and batch, so 3 steps
     an epoch, a checkpoint every 3 (each on an epoch boundary) and a validation every epoch. A
     loader worker, as in the presets: it draws the epoch's order as soon as its iterator starts."""

@@ -2,7 +2,7 @@
 
 A tiny clip run is trained for a few steps; its demo index must reproduce the run's metrics.json,
 its search order and caption ranks must equal a dense brute-force ranking (ties by the expected
-rank of ``metrics.ties``), and the Gradio app must serve exactly those numbers to a client and
+rank of ``ccr.metrics.ties``), and the Gradio app must serve exactly those numbers to a client and
 render in headless Chromium. The app tests need the ``demo`` extra (``make test`` installs it).
 """
 
@@ -20,11 +20,11 @@ import torch
 from browser import render, requires_chromium
 from worlds import QUICK_BACKBONES
 
-from demo.__main__ import main as demo_main
-from demo.index import RetrievalIndex, language_rank_blocks, load_index
-from experiments.config import ConfigError, compose
-from experiments.train import train
-from metrics import functional, retrieval_report
+from ccr.demo.__main__ import main as demo_main
+from ccr.demo.index import RetrievalIndex, language_rank_blocks, load_index
+from ccr.experiments.config import ConfigError, compose
+from ccr.experiments.train import train
+from ccr.metrics import functional, retrieval_report
 
 TINY_WORLD = [
     *QUICK_BACKBONES,
@@ -38,7 +38,7 @@ TINY_WORLD = [
 ]
 CLIENT_TIMEOUT_S = 60
 MISSING_EXTRA = "the demo extra is not installed (pip install -e '.[demo]')"
-START_TIMEOUT_S = 120  # python -m demo: imports, encoding the split, starting the server
+START_TIMEOUT_S = 120  # python -m ccr.demo: imports, encoding the split, starting the server
 REPO = Path(__file__).resolve().parents[1]
 
 
@@ -245,7 +245,7 @@ def test_a_split_other_than_val_or_test_is_refused(run):
 @pytest.mark.parametrize(
     "args, message",
     [
-        ([], "usage: python -m demo ckpt=PATH"),
+        ([], "usage: python -m ccr.demo ckpt=PATH"),
         (["ckpt=missing.ckpt"], "checkpoint missing.ckpt does not exist"),
         (["ckpt=x.ckpt", "port=http"], "port must be a whole number, got 'http'"),
     ],
@@ -276,7 +276,7 @@ def test_a_port_in_use_is_refused_before_the_checkpoint_is_read_or_encoded(tmp_p
 
 
 def test_without_the_demo_extra_the_command_says_how_to_install_it(tmp_path, monkeypatch, capsys):
-    import demo.__main__ as command
+    import ccr.demo.__main__ as command
 
     real_find_spec = command.importlib.util.find_spec
     monkeypatch.setattr(
@@ -304,7 +304,7 @@ def free_port() -> int:
 def served(index):
     """(URL of the app over ``index`` on 127.0.0.1, the index); the server is closed afterwards."""
     pytest.importorskip("gradio", reason=MISSING_EXTRA)
-    from demo.app import build_app, launch
+    from ccr.demo.app import build_app, launch
 
     app = build_app(index, k=3, query=index.captions[0])
     port = free_port()
@@ -363,23 +363,23 @@ def wait_until_served(url: str, process: subprocess.Popen, deadline: float) -> N
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise AssertionError(
-                f"python -m demo exited with {process.returncode}: {process.stderr.read()[-2000:]}"
+                f"python -m ccr.demo exited with {process.returncode}: {process.stderr.read()[-2000:]}"
             )
         try:
             with urllib.request.urlopen(url, timeout=5):
                 return
         except OSError:
             time.sleep(0.5)
-    raise AssertionError(f"python -m demo did not serve {url} within {START_TIMEOUT_S} s")
+    raise AssertionError(f"python -m ccr.demo did not serve {url} within {START_TIMEOUT_S} s")
 
 
 @pytest.mark.slow
 def test_the_command_serves_the_checkpoint_on_localhost(run, index, tmp_path):
-    """``make demo CKPT=...`` runs ``python -m demo ckpt=...``: it serves the same ranks."""
+    """``make demo CKPT=...`` runs ``python -m ccr.demo ckpt=...``: it serves the same ranks."""
     client_module = pytest.importorskip("gradio_client", reason=MISSING_EXTRA)
     port = free_port()
     process = subprocess.Popen(
-        [sys.executable, "-m", "demo", f"ckpt={run[1]}", f"port={port}", "k=3"],
+        [sys.executable, "-m", "ccr.demo", f"ckpt={run[1]}", f"port={port}", "k=3"],
         cwd=REPO,
         env={**os.environ, "PYTHONPATH": str(REPO)},
         stdout=subprocess.DEVNULL,

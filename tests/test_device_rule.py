@@ -17,10 +17,10 @@ from test_clip import _clip, _toy_batch
 from test_mclip_method import build_mclip, image_batch
 from test_mclip_stages import parallel_batch, stage_one
 
-from methods.layers.contrastive import info_nce
-from methods.layers.hard_sampling import sample_hard_examples
-from methods.layers.masking import mask_tokens
-from methods.layers.one_to_k import one_to_k_loss
+from ccr.methods.ccrk.hard_sampling import sample_hard_examples
+from ccr.methods.ccrk.one_to_k import one_to_k_loss
+from ccr.methods.layers.contrastive import info_nce
+from ccr.methods.layers.masking import mask_tokens
 
 
 def same_with_meta_default(compute):

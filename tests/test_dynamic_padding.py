@@ -11,12 +11,12 @@ from omegaconf import OmegaConf
 from test_datamodule import synthetic_cfg
 from worlds import random_backbones
 
-from datamodules.datamodule import CCRDataModule
-from datamodules.datasets import TrainCollate
-from datamodules.tokenization import train_offline_tokenizer
-from methods.clip import CLIPModule
+from ccr.datamodules.datamodule import CCRDataModule
+from ccr.datamodules.datasets import TrainCollate
+from ccr.datamodules.tokenization import train_offline_tokenizer
+from ccr.methods.clip.module import CLIPModule
 
-CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "ccr/experiments/configs"
 CAPTIONS = [
     "a red circle",
     "two small blue squares above a green triangle on grass",
@@ -105,7 +105,7 @@ def test_clip_embeds_each_caption_and_scores_the_batch_the_same_with_trimmed_pad
 
 
 def test_a_method_not_checked_for_trimmed_padding_refuses_it_naming_the_key():
-    from methods.ccrk import CCRk
+    from ccr.methods.ccrk.module import CCRk
 
     method = OmegaConf.load(CONFIGS / "method" / "ccrk.yaml").method
     method.ablation = None

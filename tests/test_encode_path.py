@@ -3,8 +3,8 @@ is what evaluation scored.
 
 For each method a run folder is made from a tiny world (its stored config and the last stage's
 checkpoint, random weights: no training needed to compare encodings). Evaluation's own embeddings
-are the rows ``RetrievalEvaluation.update`` receives while ``experiments.evaluate`` runs the test
-loop; the demo index (``demo.index.load_index``) and the report (``experiments.report``'s
+are the rows ``RetrievalEvaluation.update`` receives while ``ccr.experiments.evaluate`` runs the test
+loop; the demo index (``ccr.demo.index.load_index``) and the report (``ccr.experiments.report``'s
 re-encoding of a trained run) must give exactly those, and so must the method's
 ``encode_images`` / ``encode_texts`` called on a module that never met a trainer.
 """
@@ -17,12 +17,12 @@ from omegaconf import OmegaConf
 from rc3_helpers import TINY as RC3_TINY
 from worlds import QUICK_BACKBONES
 
-import metrics
-from demo.index import load_index
-from experiments.config import compose
-from experiments.evaluate import evaluate, load_last_stage
-from experiments.report.sources import encode_trained
-from experiments.train import build_datamodule, stages_of
+from ccr import metrics
+from ccr.demo.index import load_index
+from ccr.experiments.config import compose
+from ccr.experiments.evaluate import evaluate, load_last_stage
+from ccr.experiments.report.sources import encode_trained
+from ccr.experiments.train import build_datamodule, stages_of
 
 # 9 test images: a full batch, then one image alone, which evaluation fills up to 8 rows (a batch
 # of one takes other CPU kernels: without the filling its embedding differs in the last bits)
@@ -81,7 +81,7 @@ def untrained_run(method: str, world: Path, root: Path) -> Path:
 
 
 def evaluation_embeddings(monkeypatch, ckpt: Path, *overrides: str) -> dict[str, torch.Tensor]:
-    """``side -> [n, D]``: the rows the test loop of ``experiments.evaluate`` scores, by index."""
+    """``side -> [n, D]``: the rows the test loop of ``ccr.experiments.evaluate`` scores, by index."""
     rows: dict[str, list] = {"images": [], "captions": []}
     real = metrics.RetrievalEvaluation.update
 

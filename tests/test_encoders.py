@@ -4,7 +4,7 @@ same code path a user's pretrained weights take (tiny models saved to a temporar
 import pytest
 import torch
 
-from methods.layers.encoders import ImageEncoder, TextEncoder
+from ccr.methods.layers.encoders import ImageEncoder, TextEncoder
 
 TINY_CLIP = {
     "embed_dim": 32,

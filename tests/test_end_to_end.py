@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from worlds import QUICK_BACKBONES, SMALL_PRETRAINED_BACKBONES
 
-import methods
-from experiments.config import compose
-from experiments.evaluate import evaluate
-from experiments.runs import scorer_label
-from experiments.train import train
+from ccr import methods
+from ccr.experiments.config import compose
+from ccr.experiments.evaluate import evaluate
+from ccr.experiments.runs import scorer_label
+from ccr.experiments.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY_WORLD = [
@@ -174,7 +174,7 @@ def _run(script_args, runs, world, run_id, *extra):
 @pytest.fixture(scope="module")
 def uninterrupted(world, tmp_path_factory):
     runs = tmp_path_factory.mktemp("runs")
-    done = _run(["-m", "experiments.train"], runs, world, "whole")
+    done = _run(["-m", "ccr.experiments.train"], runs, world, "whole")
     assert done.returncode == 0, done.stderr[-2000:]
     return json.loads((runs / "synthetic" / "clip" / "whole" / "metrics.json").read_text())
 
@@ -209,7 +209,7 @@ def test_interrupted_run_resumes_exactly(
     before = (run / "csv" / "checkpoints" / "metrics.csv").read_text()
 
     resumed = _run(
-        ["-m", "experiments.train"],
+        ["-m", "ccr.experiments.train"],
         runs,
         world,
         "cut",
@@ -258,7 +258,7 @@ def test_a_staged_run_counts_every_step_of_every_stage_after_a_resume(world, tmp
     )
     assert killed.returncode != 0
     resumed = subprocess.run(
-        [sys.executable, "-m", "experiments.train", *argv, "ckpt_path=last"],
+        [sys.executable, "-m", "ccr.experiments.train", *argv, "ckpt_path=last"],
         cwd=REPO,
         env=env,
         capture_output=True,

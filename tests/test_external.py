@@ -1,5 +1,5 @@
 """Pretrained models as leaderboard rows: tiny open_clip and Hugging Face CLIP models, saved here,
-scored on a tiny world through ``experiments.external`` (the ``make eval MODEL=...`` path)."""
+scored on a tiny world through ``ccr.experiments.external`` (the ``make eval MODEL=...`` path)."""
 
 import io
 import json
@@ -12,11 +12,11 @@ from external_models import save_tiny_hf_clip, save_tiny_open_clip
 from omegaconf import OmegaConf
 from PIL import Image
 
-from datamodules import synthetic
-from experiments import external, leaderboard
-from experiments.config import compose
-from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
-from metrics import METRIC_PROTOCOL, retrieval_report
+from ccr.datamodules import synthetic
+from ccr.experiments import external, leaderboard
+from ccr.experiments.config import compose
+from ccr.experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
+from ccr.metrics import METRIC_PROTOCOL, retrieval_report
 
 LANGUAGES = ["en", "de", "ja"]
 TINY_WORLD = [
@@ -256,7 +256,7 @@ def test_a_local_dir_without_weights_is_refused(world, open_clip_dir, tmp_path, 
     [
         (["model=clip:ViT-B-32"], "expected open_clip:<arch>, hf:<name or path> or zoo:<name>"),
         (["model=hf:some/model", "pretrained=v1"], "brings its own weights"),
-        (["pretrained=v1"], "usage: python -m experiments.external model="),
+        (["pretrained=v1"], "usage: python -m ccr.experiments.external model="),
     ],
 )
 def test_bad_model_arguments_are_one_line_errors(args, message, capsys):

@@ -18,9 +18,9 @@ from external_models import (
 from test_external import world_overrides
 from test_zoo import CORPUS, family_entries
 
-from experiments import external, train
-from experiments.config import ConfigError, compose
-from experiments.trainer import build_trainer
+from ccr.experiments import external, train
+from ccr.experiments.config import ConfigError, compose
+from ccr.experiments.trainer import build_trainer
 
 FAMILIES = ["tiny-open-clip", "tiny-hf-clip", "tiny-metaclip2", "tiny-remote", "tiny-mclip"]
 
@@ -134,7 +134,7 @@ def test_the_new_keys_at_their_defaults_leave_a_runs_fingerprint_unchanged():
     """Runs composed before projection / lit / pretrained_io / logger existed group with new ones."""
     from omegaconf import OmegaConf
 
-    from experiments.runs import config_fingerprint
+    from ccr.experiments.runs import config_fingerprint
 
     config = OmegaConf.to_container(compose(["method=clip"]), resolve=True)
     assert (config["method"]["projection"], config["method"]["lit"]) == ("linear", False)

@@ -4,11 +4,11 @@ through ``similarity_logits``, so each loss under autocast equals its fp32 compu
 import torch
 import torch.nn.functional as F
 
-from methods.layers.contrastive import info_nce, similarity_logits
-from methods.layers.distillation import trikd_loss
-from methods.layers.hard_sampling import sampling_weights
-from methods.layers.one_to_k import one_to_k_loss
-from methods.layers.translation import contrastive_translation_loss
+from ccr.methods.ccrk.hard_sampling import sampling_weights
+from ccr.methods.ccrk.one_to_k import one_to_k_loss
+from ccr.methods.layers.contrastive import info_nce, similarity_logits
+from ccr.methods.mclip.distillation import trikd_loss
+from ccr.methods.mclip.translation import contrastive_translation_loss
 
 TAU = 0.07  # logits up to 1 / 0.07 ≈ 14, where a bf16 product resolves only about 0.06
 FP32 = {"rtol": 1e-6, "atol": 1e-5}

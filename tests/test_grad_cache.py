@@ -12,13 +12,13 @@ from omegaconf import OmegaConf
 from torch import nn
 from worlds import random_backbones
 
-import methods.layers.grad_cache as grad_cache
-from methods.ccrk import CCRk
-from methods.clip import CLIPModule
-from methods.layers.base import RetrievalModule
-from methods.layers.grad_cache import encode_in_chunks
+import ccr.methods.layers.grad_cache as grad_cache
+from ccr.methods.base import RetrievalModule
+from ccr.methods.ccrk.module import CCRk
+from ccr.methods.clip.module import CLIPModule
+from ccr.methods.layers.grad_cache import encode_in_chunks
 
-CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "ccr/experiments/configs"
 ROWS, K, L, VOCAB, IMAGE = 64, 3, 10, 60, 16
 INFO = dict(
     languages=["en", "de", "fr"],

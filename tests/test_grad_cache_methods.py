@@ -17,11 +17,11 @@ import torch.multiprocessing as mp
 from omegaconf import OmegaConf
 from worlds import random_backbones
 
-from experiments.config import compose
-from methods.cl2cm import CL2CM
-from methods.covlr import CoVLR
-from methods.mclip import FINETUNE, MCLIP, build_mte_stage
-from methods.rc3 import FINETUNE as RC3_FINETUNE
+from ccr.experiments.config import compose
+from ccr.methods.cl2cm.module import CL2CM
+from ccr.methods.covlr.module import CoVLR
+from ccr.methods.mclip.module import FINETUNE, MCLIP, build_mte_stage
+from ccr.methods.rc3.module import FINETUNE as RC3_FINETUNE
 
 ROWS, CHUNKS = 16, 4
 TOLERANCE = dict(rtol=1e-4, atol=1e-6)

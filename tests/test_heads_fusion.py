@@ -4,8 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from methods.layers.fusion import FusionEncoder
-from methods.layers.heads import ITMHead, MLMHead, ProjectionHead
+from ccr.methods.layers.fusion import FusionEncoder
+from ccr.methods.layers.heads import ITMHead, MLMHead, ProjectionHead
 
 
 @pytest.fixture

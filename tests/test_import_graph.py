@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
-NAMESPACE = "ccr"  # the project namespace the packages may live under (``ccr.methods``)
+NAMESPACE = "ccr"  # the project namespace the packages live under (``ccr.methods``)
 PACKAGES = ("methods", "metrics", "datamodules", "experiments", "demo")
 # package -> packages of the suite it must never import
 FORBIDDEN = {
@@ -22,21 +22,12 @@ FORBIDDEN = {
 }
 
 
-def package_root() -> tuple[Path, str]:
-    """Where the packages live and the dotted prefix their module names carry."""
-    if (ROOT / NAMESPACE / "methods").is_dir():
-        return ROOT, f"{NAMESPACE}."
-    return ROOT, ""
-
-
 def module_files() -> dict[str, Path]:
     """Every module of the suite's packages by dotted name (a package by its own name)."""
-    base, prefix = package_root()
     found = {}
     for package in PACKAGES:
-        folder = base / prefix.replace(".", "/") / package
-        for path in sorted(folder.rglob("*.py")):
-            parts = path.relative_to(base).with_suffix("").parts
+        for path in sorted((ROOT / NAMESPACE / package).rglob("*.py")):
+            parts = path.relative_to(ROOT).with_suffix("").parts
             if parts[-1] == "__init__":
                 parts = parts[:-1]
             found[".".join(parts)] = path
@@ -76,7 +67,7 @@ def import_graph() -> dict[str, set[str]]:
 
 
 def layer(module: str) -> str:
-    return module.removeprefix(package_root()[1]).split(".")[0]
+    return module.removeprefix(f"{NAMESPACE}.").split(".")[0]
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -118,7 +109,7 @@ def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 def test_the_graph_sees_every_package_and_the_imports_between_them():
     graph = import_graph()
     assert {layer(m) for m in graph} == set(PACKAGES)
-    assert any(layer(t) == "datamodules" for t in graph[f"{package_root()[1]}experiments.train"])
+    assert any(layer(t) == "datamodules" for t in graph["ccr.experiments.train"])
 
 
 def test_no_module_imports_one_that_imports_it_back():

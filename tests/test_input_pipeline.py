@@ -6,9 +6,9 @@ import torch
 from omegaconf import OmegaConf
 from test_datamodule import synthetic_cfg
 
-from datamodules.datamodule import CCRDataModule
-from experiments.config import ConfigError, compose
-from experiments.trainer import configure_matmul_precision, loader_settings
+from ccr.datamodules.datamodule import CCRDataModule
+from ccr.experiments.config import ConfigError, compose
+from ccr.experiments.trainer import configure_matmul_precision, loader_settings
 
 
 @pytest.mark.parametrize("preset", ["gpu", "ddp", "multinode"])
@@ -72,8 +72,8 @@ def test_training_loader_takes_the_settings_and_gives_the_same_batches(tmp_path)
 def test_cached_images_are_exactly_the_pixels_of_the_direct_path(tmp_path):
     from PIL import Image
 
-    from datamodules.datasets import ImageTransform
-    from datamodules.image_cache import cached_images
+    from ccr.datamodules.datasets import ImageTransform
+    from ccr.datamodules.image_cache import cached_images
 
     gen = torch.Generator().manual_seed(0)
     paths = []
@@ -113,7 +113,7 @@ def test_datamodule_with_the_image_cache_gives_the_same_batches_and_eval_images(
 
 
 def test_normalising_by_lookup_gives_the_bits_of_the_per_pixel_arithmetic_for_every_byte():
-    from datamodules.datasets import ImageTransform
+    from ccr.datamodules.datasets import ImageTransform
 
     transform = ImageTransform(
         4, [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]

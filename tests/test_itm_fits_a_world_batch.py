@@ -7,11 +7,11 @@ import pytest
 import torch
 from worlds import QUICK_BACKBONES
 
-import methods
-from experiments.config import compose
-from experiments.pretrain.backbones import with_backbones
-from experiments.train import build_datamodule
-from methods.rc3 import FINETUNE
+from ccr import methods
+from ccr.experiments.config import compose
+from ccr.experiments.pretrain.backbones import with_backbones
+from ccr.experiments.train import build_datamodule
+from ccr.methods.rc3.module import FINETUNE
 
 WORLD = [
     *QUICK_BACKBONES,

@@ -1,9 +1,9 @@
-"""methods.layers.batches.trim_padding: the one copy every method uses, for evaluation batches
+"""ccr.methods.layers.batches.trim_padding: the one copy every method uses, for evaluation batches
 [N, L] and training batches [B, K, L] alike."""
 
 import torch
 
-from methods.layers.batches import trim_padding
+from ccr.methods.layers.batches import trim_padding
 
 
 def test_trims_the_columns_every_caption_pads_in_two_and_three_dimensions():

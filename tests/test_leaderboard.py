@@ -8,10 +8,10 @@ import statistics
 
 import pytest
 
-from experiments import leaderboard
-from experiments.leaderboard import build, load_results
-from experiments.runs import config_fingerprint
-from metrics import METRIC_PROTOCOL
+from ccr.experiments import leaderboard
+from ccr.experiments.leaderboard import build, load_results
+from ccr.experiments.runs import config_fingerprint
+from ccr.metrics import METRIC_PROTOCOL
 
 
 def _config(seed=0, **settings):

@@ -4,7 +4,7 @@ lengths fetched in one copy, and hard sampling's own-caption weights taken by a 
 import torch
 from torch.overrides import TorchFunctionMode
 
-from methods.layers.length_buckets import length_buckets
+from ccr.methods.layers.length_buckets import length_buckets
 
 HOST_READS = ("item", "tolist", "__int__", "__float__", "__bool__", "__index__")
 
@@ -53,7 +53,7 @@ def test_the_group_lengths_reach_the_host_in_one_read_whatever_the_bucket_count(
 
 
 def test_hard_sampling_reads_back_only_its_argument_check_and_picks_each_instances_own_captions():
-    from methods.layers.hard_sampling import caption_owner_mask, own_block, sampling_weights
+    from ccr.methods.ccrk.hard_sampling import caption_owner_mask, own_block, sampling_weights
 
     matrix = torch.randn(5, 5 * 3)
     own = caption_owner_mask(5, 3, matrix.device)

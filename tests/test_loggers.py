@@ -6,8 +6,8 @@ import importlib.util
 import pytest
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
-from experiments import loggers, train
-from experiments.config import ConfigError, compose
+from ccr.experiments import loggers, train
+from ccr.experiments.config import ConfigError, compose
 
 
 def test_tensorboard_and_csv_are_the_default_loggers_in_the_run_folder(tmp_path):

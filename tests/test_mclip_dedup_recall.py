@@ -5,9 +5,9 @@ import pytest
 import torch
 from test_mclip_method import BASE, DATA, method_config
 
-from methods.mclip import MCLIP
-from metrics import GroundTruth, retrieval_report
-from metrics.dedup import DedupRecallEvaluation, dedup_recall_report
+from ccr.methods.mclip.module import MCLIP
+from ccr.metrics import GroundTruth, retrieval_report
+from ccr.metrics.dedup import DedupRecallEvaluation, dedup_recall_report
 
 KS = (1, 3, 5)
 

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from test_mclip_method import BASE, DATA, image_batch, method_config, snapshot
 from test_mclip_stages import FakeDataModule, changed_names, fit
 
-from experiments.config import compose
-from methods.layers.contrastive import info_nce
-from methods.layers.distillation import multi_positive_info_nce
-from methods.mclip import FINETUNE, MCLIP, image_keys, protocol_of
+from ccr.experiments.config import compose
+from ccr.methods.layers.contrastive import info_nce
+from ccr.methods.mclip.distillation import multi_positive_info_nce
+from ccr.methods.mclip.module import FINETUNE, MCLIP, image_keys, protocol_of
 
 
 def unit(n, d, seed):

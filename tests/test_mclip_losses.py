@@ -8,9 +8,9 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from methods.layers.contrastive import info_nce
-from methods.layers.distillation import clamped_logit_scale, fixed_ttc_temperature, trikd_loss
-from methods.layers.translation import (
+from ccr.methods.layers.contrastive import info_nce
+from ccr.methods.mclip.distillation import clamped_logit_scale, fixed_ttc_temperature, trikd_loss
+from ccr.methods.mclip.translation import (
     TranslationDecoder,
     contrastive_translation_loss,
     masked_mean,

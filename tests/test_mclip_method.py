@@ -10,12 +10,12 @@ import torch.nn.functional as F
 from omegaconf import OmegaConf
 from worlds import random_backbones
 
-from datamodules.datamodule import DataInfo
-from methods.layers.contrastive import info_nce
-from methods.layers.translation import inverse_sqrt_factor
-from methods.mclip import MCLIP, selected_stages
+from ccr.datamodules.datamodule import DataInfo
+from ccr.methods.layers.contrastive import info_nce
+from ccr.methods.mclip.module import MCLIP, selected_stages
+from ccr.methods.mclip.translation import inverse_sqrt_factor
 
-CONFIGS = Path(__file__).resolve().parents[1] / "experiments" / "configs"
+CONFIGS = Path(__file__).resolve().parents[1] / "ccr/experiments/configs"
 DATA = DataInfo(
     languages=["en", "xx"],
     vocab_size=40,
@@ -33,7 +33,7 @@ BASE = OmegaConf.load(CONFIGS / "base.yaml")
 
 def method_config(name="mclip", **overrides):
     """The preset with ``overrides``, its run-level interpolations (``${protocol}``,
-    ``${variant}``) resolved as ``experiments.config.compose`` would with the preset's defaults."""
+    ``${variant}``) resolved as ``ccr.experiments.config.compose`` would with the preset's defaults."""
     preset = OmegaConf.load(CONFIGS / "method" / f"{name}.yaml")
     dotlist = [f"{k}={'null' if v is None else v}" for k, v in overrides.items()]
     cfg = OmegaConf.merge(preset.method, OmegaConf.from_dotlist(dotlist))

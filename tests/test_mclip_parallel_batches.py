@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 from worlds import QUICK_BACKBONES
 
-from datamodules.parallel_batches import (
+from ccr.datamodules.parallel_batches import (
     parallel_batches,
     smoothed_pair_probabilities,
     token_batches,
@@ -117,8 +117,8 @@ def test_the_target_side_counts_when_it_is_the_longer_one():
 
 
 def test_the_datamodule_serves_token_counted_smoothed_batches(tmp_path):
-    from experiments.config import compose
-    from experiments.train import build_datamodule
+    from ccr.experiments.config import compose
+    from ccr.experiments.train import build_datamodule
 
     cfg = compose(
         [
@@ -151,8 +151,8 @@ def test_the_datamodule_serves_token_counted_smoothed_batches(tmp_path):
 def test_each_sentence_is_tokenised_once_however_often_the_loader_is_built(tmp_path, monkeypatch):
     """Token counting tokenised the whole corpus once per direction and again for every stage
     (the English side five times over on the default world): minutes before Stage 1 began."""
-    from experiments.config import compose
-    from experiments.train import build_datamodule
+    from ccr.experiments.config import compose
+    from ccr.experiments.train import build_datamodule
 
     cfg = compose(
         [

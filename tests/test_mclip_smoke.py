@@ -1,5 +1,5 @@
 """mCLIP end to end on a small synthetic world (spec §9 test 20): Stage 1a -> 1b -> TriKD -> English
-fine-tuning -> evaluation through ``experiments.train``; the TriKD loss falls, the TriKD model
+fine-tuning -> evaluation through ``ccr.experiments.train``; the TriKD loss falls, the TriKD model
 retrieves German (never seen with images) better than the same model with random projectors, and
 the run is labelled with the protocol that ran."""
 
@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from worlds import SMALL_PRETRAINED_BACKBONES
 
-from experiments.config import compose
-from experiments.evaluate import evaluate
-from experiments.train import StageData, build_datamodule, stages_of, train
-from experiments.trainer import build_trainer
+from ccr.experiments.config import compose
+from ccr.experiments.evaluate import evaluate
+from ccr.experiments.train import StageData, build_datamodule, stages_of, train
+from ccr.experiments.trainer import build_trainer
 
 STEPS = {"teacher": 80, "mte_nmt": 20, "mte_ctl": 100, "trikd": 60, "finetune": 10}
 SMALL_WORLD = [

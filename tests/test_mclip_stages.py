@@ -11,8 +11,8 @@ import torch
 from omegaconf import OmegaConf
 from test_mclip_method import BASE, DATA, caption_ids, image_batch, method_config, snapshot
 
-from methods.layers.translation import mte_embeddings
-from methods.mclip import MCLIP, ClipBaselineTeacher, OpenClipTeacher, build_mte_stage
+from ccr.methods.mclip.module import MCLIP, ClipBaselineTeacher, OpenClipTeacher, build_mte_stage
+from ccr.methods.mclip.translation import mte_embeddings
 
 
 def parallel_batch(n=6, seed=0, src="en", tgt="xx"):
@@ -84,7 +84,7 @@ def test_stage_1b_contrastive_term_is_weighted_by_two():
     joint_loss = module.training_step(batch, 0)
     module.joint = False
     nmt_only = module.training_step(batch, 0)
-    from methods.layers.translation import contrastive_translation_loss
+    from ccr.methods.mclip.translation import contrastive_translation_loss
 
     src = module.mte(batch["src_input_ids"], batch["src_attention_mask"])
     tgt = module.mte(batch["tgt_input_ids"], batch["tgt_attention_mask"])
@@ -204,7 +204,9 @@ def test_the_pipeline_hands_each_stage_the_previous_stages_weights(tmp_path):
         trained["mte_ctl"],
     )  # Stage 1b moved the encoder that TriKD receives
     assert not hasattr(final, "decoder")
-    skeleton = stages[-1].build(None)  # how experiments/evaluate.py rebuilds the evaluated module
+    skeleton = stages[-1].build(
+        None
+    )  # how ccr/experiments/evaluate.py rebuilds the evaluated module
     skeleton.load_state_dict(torch.load(previous, weights_only=False)["state_dict"])
     assert not changed_names(trained["trikd"], snapshot(skeleton))
 

@@ -7,10 +7,10 @@ import torch.nn.functional as F
 from test_mclip_method import BASE, DATA, image_batch, method_config, snapshot
 from test_mclip_stages import adam_step, changed_names, parallel_batch
 
-from experiments.config import compose, method_label
-from methods.layers.contrastive import info_nce
-from methods.layers.translation import contrastive_translation_loss, translation_nll
-from methods.mclip import ABLATIONS, MCLIP, build_mte_stage, selected_stages
+from ccr.experiments.config import compose, method_label
+from ccr.methods.layers.contrastive import info_nce
+from ccr.methods.mclip.module import ABLATIONS, MCLIP, build_mte_stage, selected_stages
+from ccr.methods.mclip.translation import contrastive_translation_loss, translation_nll
 
 QUIET = {
     "translation.dropout": 0.0,

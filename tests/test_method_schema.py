@@ -1,4 +1,4 @@
-"""Typed method sections (experiments/method_schema.py): a wrong type or an unknown key under
+"""Typed method sections (ccr/experiments/method_schema.py): a wrong type or an unknown key under
 ``method.*`` fails at composition naming the key, for every method and preset; a preset leaves no
 key unset; variant tables are checked as the section they override; and typing changed neither a
 published run's fingerprint nor a preset's."""
@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import experiments.config as config_module
-from experiments.config import ConfigError, available, compose, typed
-from experiments.leaderboard import as_current_code_reads
-from experiments.method_schema import SCHEMAS
-from experiments.runs import config_fingerprint
+import ccr.experiments.config as config_module
+from ccr.experiments.config import ConfigError, available, compose, typed
+from ccr.experiments.leaderboard import as_current_code_reads
+from ccr.experiments.method_schema import SCHEMAS
+from ccr.experiments.runs import config_fingerprint
 
 ROOT = Path(__file__).resolve().parents[1]
 FINGERPRINTS = json.loads((ROOT / "tests" / "fixtures" / "fingerprints.json").read_text())
@@ -71,9 +71,9 @@ def test_a_method_key_of_the_right_type_is_accepted_and_typed(preset):
 
 @pytest.fixture
 def configs(tmp_path, monkeypatch):
-    """A copy of experiments/configs that composition reads instead."""
+    """A copy of ccr/experiments/configs that composition reads instead."""
     copy = tmp_path / "configs"
-    shutil.copytree(ROOT / "experiments" / "configs", copy)
+    shutil.copytree(ROOT / "ccr/experiments/configs", copy)
     monkeypatch.setattr(config_module, "CONFIG_DIR", copy)
     return copy
 
@@ -111,9 +111,9 @@ def test_a_variant_row_is_checked_as_the_section_it_overrides(configs, row, key,
 
 
 def variants(preset: str) -> list[str]:
-    table = OmegaConf.load(ROOT / "experiments" / "configs" / "method" / f"{preset}.yaml")
+    table = OmegaConf.load(ROOT / "ccr/experiments/configs/method" / f"{preset}.yaml")
     if method_of(preset) == "mclip":  # mCLIP's variants are its Table 2 ablations, in code
-        from methods.mclip import ABLATIONS
+        from ccr.methods.mclip.module import ABLATIONS
 
         return sorted(ABLATIONS)
     return sorted(table.method.get("ablations") or {})
@@ -121,7 +121,7 @@ def variants(preset: str) -> list[str]:
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_variant_of_every_preset_composes_and_passes_the_method_checks(preset):
-    import methods
+    from ccr import methods
 
     cfg = None
     for variant in [None, *variants(preset)]:
@@ -148,7 +148,7 @@ def test_a_stored_config_of_an_unknown_method_is_an_error_naming_it():
         typed(OmegaConf.create(stored), "runs/x/config.yaml")
 
 
-PER_RUN = ("seed", "run_id")  # execution-only keys (experiments.runs.EXECUTION_ONLY)
+PER_RUN = ("seed", "run_id")  # execution-only keys (ccr.experiments.runs.EXECUTION_ONLY)
 
 
 def stored_config(path: Path) -> dict:

@@ -1,6 +1,6 @@
-"""Device rule: every tensor that metrics/ creates from scratch names its device (taken from an
+"""Device rule: every tensor that ccr/metrics/ creates from scratch names its device (taken from an
 input), so evaluation on a GPU never mixes in a CPU tensor. Checked on the source: every call of a
-torch factory function in metrics/*.py passes ``device=``."""
+torch factory function in ccr/metrics/*.py passes ``device=``."""
 
 import ast
 from pathlib import Path
@@ -22,7 +22,7 @@ FACTORIES = {
     "as_tensor",
     "scalar_tensor",
 }
-SOURCES = sorted((Path(__file__).resolve().parents[1] / "metrics").glob("*.py"))
+SOURCES = sorted((Path(__file__).resolve().parents[1] / "ccr/metrics").glob("*.py"))
 
 
 def factory_calls_without_device(source: str) -> list[int]:

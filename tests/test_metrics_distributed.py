@@ -8,7 +8,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from metrics import GroundTruth, RetrievalEvaluation
+from ccr.metrics import GroundTruth, RetrievalEvaluation
 
 NUM_IMAGES = 9
 LANGUAGES = ["en"] * NUM_IMAGES + ["de"] * (NUM_IMAGES - 1)  # image 8 has no "de" caption

@@ -6,8 +6,8 @@ import pytest
 import torch
 from reference_itm_eval import itm_eval, itm_ranks
 
-from metrics import best_positive_rank, paired_ranks, rank_and_ndcg, retrieval_report
-from metrics.functional import mean_rank_variance, recall_at_k
+from ccr.metrics import best_positive_rank, paired_ranks, rank_and_ndcg, retrieval_report
+from ccr.metrics.functional import mean_rank_variance, recall_at_k
 
 
 def suite_ranks(scores_i2t: torch.Tensor, caption_image: torch.Tensor, chunk_size=7):

@@ -8,7 +8,7 @@ import pytest
 import torch
 from reference_graded_ndcg import graded_ndcg as dense_graded_ndcg
 
-from metrics import graded_ndcg, graded_ndcg_at, retrieval_report
+from ccr.metrics import graded_ndcg, graded_ndcg_at, retrieval_report
 
 
 def graded_world(num_images=30, captions_per_image=3, dim=16, seed=0):

@@ -14,7 +14,7 @@ import torch
 from ddp_logged_metric import COLLECTION_PREFIX, SETTINGS, retrieval_set
 from torchmetrics import MetricCollection
 
-from metrics import GroundTruth, RetrievalEvaluation, retrieval_report
+from ccr.metrics import GroundTruth, RetrievalEvaluation, retrieval_report
 
 REPO = Path(__file__).resolve().parents[1]
 

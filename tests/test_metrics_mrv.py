@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from metrics import best_positive_rank, retrieval_report
-from metrics.functional import mean_rank_variance
+from ccr.metrics import best_positive_rank, retrieval_report
+from ccr.metrics.functional import mean_rank_variance
 
 S_EN = torch.tensor([[0.9, 0.2, 0.1], [0.3, 0.8, 0.4], [0.5, 0.6, 0.7]])
 S_DE = torch.tensor([[0.4, 0.6, 0.5], [0.7, 0.3, 0.2], [0.1, 0.2, 0.9]])

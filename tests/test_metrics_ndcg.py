@@ -6,8 +6,8 @@ import pytest
 import torch
 from torchmetrics.retrieval import RetrievalHitRate, RetrievalNormalizedDCG
 
-from metrics import graded_ndcg, rank_and_ndcg
-from metrics.functional import recall_at_k
+from ccr.metrics import graded_ndcg, rank_and_ndcg
+from ccr.metrics.functional import recall_at_k
 
 
 def graded_from_scores(scores, relevance, k, gain="linear"):

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from metrics import graded_ndcg, rank_and_ndcg, retrieval_report
-from metrics.functional import mean_rank_variance
+from ccr.metrics import graded_ndcg, rank_and_ndcg, retrieval_report
+from ccr.metrics.functional import mean_rank_variance
 
 
 def make_set(num_images=10):

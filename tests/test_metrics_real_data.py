@@ -6,8 +6,8 @@ from pathlib import Path
 
 import torch
 
-from metrics import retrieval_report
-from metrics.functional import mean_rank_variance
+from ccr.metrics import retrieval_report
+from ccr.metrics.functional import mean_rank_variance
 
 ANNOTATIONS = (
     Path(__file__).resolve().parents[2]

@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from metrics import retrieval_report
-from metrics.functional import mean_rank, mean_reciprocal_rank, median_rank, recall_at_k
+from ccr.metrics import retrieval_report
+from ccr.metrics.functional import mean_rank, mean_reciprocal_rank, median_rank, recall_at_k
 
 LANGS = ["en", "de"]
 

@@ -12,8 +12,8 @@ from statistics import median
 import pytest
 import torch
 
-from metrics import best_positive_rank, rank_and_ndcg, retrieval_report
-from metrics.functional import mean_rank, mean_reciprocal_rank, median_rank, recall_at_k
+from ccr.metrics import best_positive_rank, rank_and_ndcg, retrieval_report
+from ccr.metrics.functional import mean_rank, mean_reciprocal_rank, median_rank, recall_at_k
 
 
 def enumerated_expectations(scores: torch.Tensor, positive: torch.Tensor, ks=(1, 2, 3, 5)):

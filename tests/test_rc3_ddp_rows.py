@@ -17,8 +17,8 @@ import torch.multiprocessing as mp
 from rc3_helpers import build, parallel_batch, train_batch
 from torch import nn
 
-import methods.rc3 as rc3_module
-from methods.layers.masking import IGNORE_INDEX, maskable_positions
+import ccr.methods.rc3.module as rc3_module
+from ccr.methods.layers.masking import IGNORE_INDEX, maskable_positions
 
 WORLD, STEPS = 2, 2
 # rows of each process: strict triplets, weak triplets, parallel (XTCL) pairs

@@ -8,8 +8,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from methods.layers.distributed import row_layout
-from methods.layers.euclidean_contrastive import (
+from ccr.methods.layers.distributed import row_layout
+from ccr.methods.rc3.euclidean_contrastive import (
     PosProbTracker,
     global_mean_scalar,
     rxvtcl_vectors,

@@ -11,10 +11,10 @@ from omegaconf import OmegaConf
 from rc3_helpers import LANGUAGES, Info, build, config, train_batch, with_tiny_regions
 from test_datamodule import synthetic_cfg
 
-import methods.rc3 as rc3_module
-from datamodules.datamodule import CCRDataModule
-from experiments.config import ConfigError, compose
-from methods.rc3 import (
+import ccr.methods.rc3.module as rc3_module
+from ccr.datamodules.datamodule import CCRDataModule
+from ccr.experiments.config import ConfigError, compose
+from ccr.methods.rc3.module import (
     FINETUNE,
     PRETRAIN,
     RC3,

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from methods.layers.euclidean_contrastive import (
+from ccr.methods.rc3.euclidean_contrastive import (
     PosProbTracker,
     euclidean,
     interpolated_contrastive,
@@ -176,7 +176,7 @@ def test_involution_pairs():
 
 
 def test_xtcl_mask_keeps_exactly_the_other_texts(monkeypatch):  # §9.10
-    import methods.layers.euclidean_contrastive as ec
+    import ccr.methods.rc3.euclidean_contrastive as ec
 
     seen = {}
     original = ec.interpolated_contrastive

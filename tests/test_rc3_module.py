@@ -18,8 +18,8 @@ from rc3_helpers import (
 )
 from torch.utils.data import DataLoader
 
-from methods.layers.seq2seq import Encoded
-from methods.rc3 import RC3, VisualInput, mask_content
+from ccr.methods.rc3.module import RC3, VisualInput, mask_content
+from ccr.methods.rc3.seq2seq import Encoded
 
 WEAK = [i % 2 == 1 for i in range(B)]
 
@@ -133,7 +133,7 @@ def test_unknown_variant_is_a_clear_error():
 
 
 def test_variant_changes_the_leaderboard_label():
-    from experiments.config import compose, method_label
+    from ccr.experiments.config import compose, method_label
 
     assert method_label(compose(["method=rc3", "variant=no_kl"])) == "rc3+no_kl"
     default = compose(["method=rc3"]).evaluation  # the paper's scorer: the ITM head over every pair
@@ -307,7 +307,7 @@ def test_decoder_targets_are_the_other_language(monkeypatch):  # §9.13
     monkeypatch.setattr(module.net, "translation_nll", spy)
     batch = train_batch()
     captured = {}
-    from methods import rc3 as rc3_module
+    from ccr.methods.rc3 import module as rc3_module
 
     Triplets = rc3_module.Triplets
 
@@ -358,7 +358,7 @@ def test_the_modules_kl_gradient_lowers_the_kl(monkeypatch):
     (R-XVtCL with minus without the KL, same draws) is the KL, and a small step on it lowers the KL
     against the same (detached) textual target. The live KL can still rise: the step moves the
     shared encoder, hence TR and P_tr, too (see docs/rc3.md)."""
-    import methods.rc3 as rc3_module
+    import ccr.methods.rc3.module as rc3_module
 
     module, _, _ = smoke_train("no_kl", steps=20)
     batch = train_batch(weak=[i >= 8 for i in range(16)], n=16)

@@ -6,8 +6,8 @@ import torch
 from rc3_helpers import Info, parallel_batch, train_batch
 from transformers import MBartConfig, MBartModel
 
-from experiments.config import compose
-from methods.rc3 import RC3
+from ccr.experiments.config import compose
+from ccr.methods.rc3.module import RC3
 
 
 def saved_mbart(folder, vocab):

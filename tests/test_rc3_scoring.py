@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-import metrics
-from methods.rc3 import VisualInput
+from ccr import metrics
+from ccr.methods.rc3.module import VisualInput
 from tests.rc3_helpers import IMAGE, LANGUAGES, build, captions
 
 N_IMAGES = 10  # more than the probe+itm@8 protocol re-ranks: there the probe decides ranks 9-10

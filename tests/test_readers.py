@@ -9,9 +9,9 @@ from pathlib import Path
 
 import pytest
 
-from datamodules.readers import names, read_dataset, splits
-from datamodules.readers.parallel_text import read_parallel_text
-from datamodules.records import Record, read_records, write_records
+from ccr.datamodules.readers import names, read_dataset, splits
+from ccr.datamodules.readers.parallel_text import read_parallel_text
+from ccr.datamodules.records import Record, read_records, write_records
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL = Path(__file__).resolve().parents[2] / "shared" / "data" / "real"
@@ -464,7 +464,7 @@ def test_xflickrco_jsonl_not_utf8_is_named_with_its_line(tmp_path):
 
 
 def test_parallel_tsv_not_utf8_is_named_with_its_line(tmp_path):
-    from datamodules.readers.parallel_text import read_parallel_text
+    from ccr.datamodules.readers.parallel_text import read_parallel_text
 
     path = tmp_path / "pairs.tsv"
     path.write_bytes(b"en\tfr\nA dog.\tUn chien.\nA coffee.\t" + LATIN1_CAPTION)

@@ -14,9 +14,9 @@ import torch
 from omegaconf import open_dict
 from PIL import Image
 
-from experiments import train as train_cli
-from experiments.config import compose
-from experiments.train import train
+from ccr.experiments import train as train_cli
+from ccr.experiments.config import compose
+from ccr.experiments.train import train
 
 LANGUAGES = ("en", "de")
 SPLITS = {"train": 8, "val": 4, "test_2016_flickr": 4}

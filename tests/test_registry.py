@@ -2,10 +2,10 @@
 
 import pytest
 
-import methods
-from methods.clip import CLIPModule
-from methods.layers.base import RetrievalModule
-from methods.registry import register
+from ccr import methods
+from ccr.methods.base import RetrievalModule
+from ccr.methods.clip.module import CLIPModule
+from ccr.methods.registry import register
 
 
 def test_clip_is_registered_by_name():

@@ -13,12 +13,12 @@ from browser import render, requires_chromium
 from external_models import save_tiny_hf_clip, save_tiny_open_clip
 from worlds import QUICK_BACKBONES
 
-from experiments import external
-from experiments.config import compose
-from experiments.report.__main__ import build_report
-from experiments.report.__main__ import main as report_main
-from experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
-from experiments.train import train
+from ccr.experiments import external
+from ccr.experiments.config import compose
+from ccr.experiments.report.__main__ import build_report
+from ccr.experiments.report.__main__ import main as report_main
+from ccr.experiments.report.evaluated import EMBEDDINGS, EvaluatedSet
+from ccr.experiments.train import train
 
 LANGUAGES = ["en", "de", "ja"]
 TINY_WORLD = [
@@ -302,8 +302,8 @@ def test_spread_uses_only_the_mrv_languages(runs, tmp_path):
 
 
 def test_a_record_without_an_image_cannot_join_an_evaluated_set(tmp_path):
-    from datamodules.records import Record
-    from experiments.report.evaluated import EvaluatedSet
+    from ccr.datamodules.records import Record
+    from ccr.experiments.report.evaluated import EvaluatedSet
 
     records = [Record("a", "a.png", {"en": ["one"]}), Record("b", None, {"en": ["two"]})]
     with pytest.raises(ValueError, match="record 'b' has no image"):

@@ -15,10 +15,10 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.datamodule import CCRDataModule
-from datamodules.records import Record
-from datamodules.roi_features import ImageRois, RoiStore, lookup_keys
-from experiments.config import compose
+from ccr.datamodules.datamodule import CCRDataModule
+from ccr.datamodules.records import Record
+from ccr.datamodules.roi_features import ImageRois, RoiStore, lookup_keys
+from ccr.experiments.config import compose
 
 DIM = 8
 
@@ -346,10 +346,10 @@ def test_rc3_trains_and_scores_on_the_shipped_features(dataset, monkeypatch):
     """One training step and the test evaluation read the store: the grid backbone is never built
     nor called, the ITM re-ranking sees each image's own projected regions, and other stored
     values give other scores."""
-    from experiments.evaluate import evaluate
-    from experiments.train import train
-    from methods import rc3
-    from methods.layers.regions import GridRegions
+    from ccr.experiments.evaluate import evaluate
+    from ccr.experiments.train import train
+    from ccr.methods.rc3 import module as rc3
+    from ccr.methods.rc3.regions import GridRegions
 
     root, stored = dataset
 
@@ -399,7 +399,7 @@ def test_rc3_trains_and_scores_on_the_shipped_features(dataset, monkeypatch):
 
 
 def test_rc3_refuses_features_of_another_width(dataset):
-    from methods.rc3 import RC3
+    from ccr.methods.rc3.module import RC3
 
     root, _ = dataset
     data = CCRDataModule(compose(data_overrides(root)).data)

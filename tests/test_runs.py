@@ -11,10 +11,10 @@ import pytest
 import torch
 from worlds import QUICK_BACKBONES
 
-from experiments.config import ConfigError, compose
-from experiments.evaluate import evaluate
-from experiments.runs import claim_run_dir, save_config, write_atomic, write_metrics
-from experiments.train import train
+from ccr.experiments.config import ConfigError, compose
+from ccr.experiments.evaluate import evaluate
+from ccr.experiments.runs import claim_run_dir, save_config, write_atomic, write_metrics
+from ccr.experiments.train import train
 
 REPO = Path(__file__).resolve().parents[1]
 TINY = [
@@ -62,7 +62,7 @@ def test_a_pickle_payload_never_runs(tmp_path, world):
     assert not marker.exists()
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     done = subprocess.run(
-        [sys.executable, "-m", "experiments.evaluate", f"ckpt={evil}"],
+        [sys.executable, "-m", "ccr.experiments.evaluate", f"ckpt={evil}"],
         cwd=REPO,
         env=env,
         capture_output=True,
@@ -171,7 +171,7 @@ def test_a_second_writer_is_refused(tmp_path, world):
             [
                 sys.executable,
                 "-m",
-                "experiments.train",
+                "ccr.experiments.train",
                 f"data.root={world}",
                 f"run_dir={runs}",
                 *TINY,
@@ -229,7 +229,7 @@ def test_a_diverged_run_stops_with_one_line_and_writes_no_metrics(tmp_path, worl
         [
             sys.executable,
             "-m",
-            "experiments.train",
+            "ccr.experiments.train",
             f"data.root={world}",
             f"run_dir={tmp_path / 'runs'}",
             *TINY,
@@ -254,7 +254,7 @@ def test_a_diverged_run_stops_with_one_line_and_writes_no_metrics(tmp_path, worl
 def test_make_compare_runs_again_after_a_failed_start(tmp_path, world):
     """A start that failed before its first checkpoint (here: a killed one, which leaves its
     folder with the config only) does not stop a re-run of compare from training that run."""
-    from experiments import compare
+    from ccr.experiments import compare
 
     overrides = [f"data.root={world}", f"run_dir={tmp_path / 'runs'}", *TINY]
     argv = ["method=clip", "data=synthetic", "seed=0", *overrides]

@@ -13,11 +13,11 @@ import torch
 from falling_val_train import falling_val_scores
 from worlds import QUICK_BACKBONES
 
-from experiments.config import ConfigError, compose
-from experiments.evaluate import evaluate
-from experiments.selection import check_selection, selection_checkpoint, validation_steps
-from experiments.train import train
-from metrics import report_keys, retrieval_report
+from ccr.experiments.config import ConfigError, compose
+from ccr.experiments.evaluate import evaluate
+from ccr.experiments.selection import check_selection, selection_checkpoint, validation_steps
+from ccr.experiments.train import train
+from ccr.metrics import report_keys, retrieval_report
 
 REPO = Path(__file__).resolve().parents[1]
 # 48 training records in batches of 8: 6 steps an epoch, so 12 steps validate at steps 6 and 12.

@@ -11,9 +11,9 @@ import pytest
 import torch
 from PIL import Image
 
-from datamodules.datasets import ImageTransform
-from datamodules.records import Record
-from datamodules.shards import (
+from ccr.datamodules.datasets import ImageTransform
+from ccr.datamodules.records import Record
+from ccr.datamodules.shards import (
     ShardIndex,
     ShardStream,
     StreamLoader,

@@ -2,10 +2,10 @@
 carry the records' marks, and ``data=shards`` batches flag them (``alignment_weak``) as the
 map-style batches of the same records do, so RC3 treats them as weak triplets."""
 
-from datamodules import shards
-from experiments.config import compose
-from experiments.shards import main as write_shards
-from experiments.train import build_datamodule
+from ccr.datamodules import shards
+from ccr.experiments.config import compose
+from ccr.experiments.shards import main as write_shards
+from ccr.experiments.train import build_datamodule
 
 WORLD = [
     "data.synthetic.num_train=48",

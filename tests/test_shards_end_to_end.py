@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from test_shards import collate, corrupt
 
-from datamodules import shards
-from datamodules.datasets import ImageTransform
-from experiments.shards import main as write_shards
+from ccr.datamodules import shards
+from ccr.datamodules.datasets import ImageTransform
+from ccr.experiments.shards import main as write_shards
 
 REPO = Path(__file__).resolve().parents[1]
 WORLD = [
@@ -100,7 +100,7 @@ def run(script_args, root, run_id, *extra):
 
 @pytest.fixture(scope="module")
 def uninterrupted(sharded_world):
-    done = run(["-m", "experiments.train"], sharded_world, "whole")
+    done = run(["-m", "ccr.experiments.train"], sharded_world, "whole")
     assert done.returncode == 0, done.stderr[-2000:]
     # the dropped sample is counted in the log: the sum so far at each epoch's end
     logged = [
@@ -136,7 +136,7 @@ def test_a_killed_sharded_run_resumes_at_the_same_sample_and_ends_with_the_same_
     # resumed batch comes from the other worker than in a fresh epoch.
     killed = run([str(REPO / "tests" / "interrupted_train.py"), "KILL", "11"], sharded_world, "cut")
     assert killed.returncode != 0
-    resumed = run(["-m", "experiments.train"], sharded_world, "cut", "ckpt_path=last")
+    resumed = run(["-m", "ccr.experiments.train"], sharded_world, "cut", "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     result = json.loads(
         (sharded_world / "runs" / "shards" / "clip" / "cut" / "metrics.json").read_text()
@@ -178,7 +178,7 @@ def test_a_slurm_requeue_signal_saves_a_checkpoint_and_the_requeued_job_finishes
     assert (tmp_path / "scontrol.log").read_text().split() == ["requeue", "4242"]
     folder = sharded_world / "runs" / "shards" / "clip" / "slurm" / "checkpoints"
     assert (folder / "hpc_ckpt_1.ckpt").exists()
-    requeued = run(["-m", "experiments.train"], sharded_world, "slurm", "ckpt_path=last")
+    requeued = run(["-m", "ccr.experiments.train"], sharded_world, "slurm", "ckpt_path=last")
     assert requeued.returncode == 0, requeued.stderr[-2000:]
     result = json.loads((folder.parent / "metrics.json").read_text())
     assert result["resumed_from_step"] == 7 and result["train_steps"] == 12  # not last.ckpt's 6
@@ -215,7 +215,7 @@ def test_the_multinode_preset_on_two_local_nodes_scores_like_one_process_with_th
             "300",
             sys.executable,
             "-m",
-            "experiments.train",
+            "ccr.experiments.train",
             *common,
             "run_id=single",
             "data.batch_size=16",
@@ -241,7 +241,7 @@ def test_the_multinode_preset_on_two_local_nodes_scores_like_one_process_with_th
                 "--master-addr=127.0.0.1",
                 f"--master-port={port}",
                 "-m",
-                "experiments.train",
+                "ccr.experiments.train",
                 *common,
                 "run_id=nodes",
                 "data.batch_size=8",

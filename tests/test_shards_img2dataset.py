@@ -12,9 +12,9 @@ import pytest
 from PIL import Image
 from test_shards import stream
 
-from datamodules.shards import ShardIndex, StreamLoader, member_key, sampled_check
-from experiments.config import compose
-from experiments.train import build_datamodule
+from ccr.datamodules.shards import ShardIndex, StreamLoader, member_key, sampled_check
+from ccr.experiments.config import compose
+from ccr.experiments.train import build_datamodule
 
 
 def jpeg(value):

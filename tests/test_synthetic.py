@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from datamodules.synthetic import (
+from ccr.datamodules.synthetic import (
     PRETRAIN,
     WorldKnobs,
     build_pretrain,
@@ -21,10 +21,10 @@ from datamodules.synthetic import (
     scene_key,
     world_dir,
 )
-from datamodules.synthetic import languages as grammars
-from datamodules.synthetic.plans import CaptionPlan, Mention, garble, mistranslate
-from datamodules.synthetic.render import BACKGROUND_RGB, render_scene
-from datamodules.synthetic.scene import (
+from ccr.datamodules.synthetic import languages as grammars
+from ccr.datamodules.synthetic.plans import CaptionPlan, Mention, garble, mistranslate
+from ccr.datamodules.synthetic.render import BACKGROUND_RGB, render_scene
+from ccr.datamodules.synthetic.scene import (
     BACKGROUNDS,
     COLOURS,
     POSITIONS,

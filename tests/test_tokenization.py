@@ -6,7 +6,7 @@ import pytest
 import torch
 from tokenizers import Tokenizer
 
-from datamodules.tokenization import (
+from ccr.datamodules.tokenization import (
     SPECIAL_TOKENS,
     OfflineTokenizer,
     PretrainedTokenizer,
@@ -104,7 +104,7 @@ def test_offline_tokenizer_is_cached_by_corpus(tmp_path, monkeypatch):
     def no_training(*args, **kwargs):
         raise AssertionError("retrained although cached")
 
-    monkeypatch.setattr("datamodules.tokenization.train_offline_tokenizer", no_training)
+    monkeypatch.setattr("ccr.datamodules.tokenization.train_offline_tokenizer", no_training)
     again = build_tokenizer(cfg, corpus=CORPUS, cache_dir=tmp_path)
     assert again.raw.get_vocab() == first.raw.get_vocab()
     monkeypatch.undo()
@@ -169,7 +169,7 @@ def test_data_presets_need_no_download(monkeypatch):
     import socket
     import time
 
-    from experiments.config import available, compose
+    from ccr.experiments.config import available, compose
 
     def no_network(*args, **kwargs):
         raise AssertionError("a preset tried to reach the network")

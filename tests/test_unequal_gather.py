@@ -11,9 +11,9 @@ import torch.multiprocessing as mp
 import torch.nn.functional as F
 from torch import nn
 
-from methods.layers.contrastive import LearnableTemperature, info_nce
-from methods.layers.distributed import RowLayout, gather_with_grad, row_layout
-from methods.layers.one_to_k import one_to_k_loss
+from ccr.methods.ccrk.one_to_k import one_to_k_loss
+from ccr.methods.layers.contrastive import LearnableTemperature, info_nce
+from ccr.methods.layers.distributed import RowLayout, gather_with_grad, row_layout
 
 WORLD, ROWS, K, IN_DIM, DIM = 2, 19, 3, 6, 5
 SPLITS = ((7, 12), (0, 19))

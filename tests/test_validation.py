@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from PIL import Image
 
-from datamodules.readers import read_dataset
-from datamodules.records import Record
-from datamodules.validation import validate
+from ccr.datamodules.readers import read_dataset
+from ccr.datamodules.records import Record
+from ccr.datamodules.validation import validate
 
 FIXTURES = Path(__file__).parent / "fixtures"
 REAL_XFLICKRCO = (

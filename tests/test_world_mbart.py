@@ -13,19 +13,19 @@ import pytest
 import torch
 from transformers import MBartModel
 
-from datamodules.datamodule import CCRDataModule
-from datamodules.synthetic import load_split
-from experiments.config import compose
-from experiments.pretrain import backbones
-from experiments.pretrain.backbones import with_backbones, world_backbones
-from experiments.pretrain.seq2seq import (
+from ccr.datamodules.datamodule import CCRDataModule
+from ccr.datamodules.synthetic import load_split
+from ccr.experiments.config import compose
+from ccr.experiments.pretrain import backbones
+from ccr.experiments.pretrain.backbones import with_backbones, world_backbones
+from ccr.experiments.pretrain.seq2seq import (
     Seq2SeqRecipe,
     build_seq2seq_model,
     denoising_loss,
     infill,
 )
-from experiments.pretrain.text import CaptionTable
-from methods.rc3 import RC3
+from ccr.experiments.pretrain.text import CaptionTable
+from ccr.methods.rc3.module import RC3
 from tests.test_backbones import LANGUAGES, tiny_cfg
 
 TINY_MBART = {

@@ -16,8 +16,8 @@ from external_models import (
 )
 from test_external import assert_same_scores, run_cli, world_overrides
 
-from experiments import eval_zoo, external, leaderboard, zoo
-from experiments.config import ConfigError
+from ccr.experiments import eval_zoo, external, leaderboard, zoo
+from ccr.experiments.config import ConfigError
 
 CORPUS = ["a red square on the left", "ein grüner Kreis unten", "左に赤い四角"] * 4
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
@@ -336,7 +336,7 @@ class _HfStyleTokenizer:
 
 
 def test_only_an_nllb_tokenizer_is_told_the_caption_language():
-    from methods.layers.pretrained_dual import DualSpec, PretrainedIO, PretrainedModelError
+    from ccr.methods.layers.pretrained_dual import DualSpec, PretrainedIO, PretrainedModelError
 
     spec = DualSpec("open_clip", "some-arch", "tag")
     xlmr = PretrainedIO(spec, None, _HfStyleTokenizer(nllb=False), 4)

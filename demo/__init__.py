@@ -1,5 +1,0 @@
-"""A retrieval demo over a run's evaluation split: ``python -m demo ckpt=PATH`` (``make demo``).
-
-``demo.index`` encodes the split once and ranks with the suite's rank engine (no Gradio needed);
-``demo.app`` only displays what the index computes, so the demo shows the numbers the metrics use.
-"""
