@@ -221,8 +221,8 @@ class TranslationConfig:
     label_smoothing: float = MISSING
     ctl_weight: float = MISSING
     ctl_temperature: float = MISSING
-    sampling_beta: float = MISSING
-    max_tokens: int = MISSING
+    sampling_beta: float | None = MISSING  # null: languages sampled as the corpus has them
+    max_tokens: int | None = MISSING  # null: fixed-size batches of pairs
     nmt: StageOptimConfig = MISSING
     ctl: CTLStageConfig = MISSING
 

@@ -203,8 +203,11 @@ class CL2CM(RetrievalModule):
         return total
 
     @classmethod
-    def pipeline(cls, method, optim, data, evaluation) -> list[Stage]:
-        """One stage trained on triples (image, source caption, translation)."""
+    def pipeline(
+        cls, method, optim, data, evaluation, protocol: str = DEFAULT_PROTOCOL
+    ) -> list[Stage]:
+        """One stage trained on triples (image, source caption, translation), under every
+        protocol."""
         targets = method.target_languages
         targets = list(targets) if targets is not None else None
         return [
