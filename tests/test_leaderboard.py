@@ -9,7 +9,7 @@ import statistics
 import pytest
 
 from ccr.experiments import leaderboard
-from ccr.experiments.leaderboard import build, load_results
+from ccr.experiments.leaderboard import _settings_shown, build, load_results
 from ccr.experiments.runs import config_fingerprint
 from ccr.metrics import METRIC_PROTOCOL
 
@@ -107,6 +107,19 @@ def test_different_settings_are_separate_rows_naming_the_difference(tmp_path):
         "| clip | default | itc | data.splits.test=test, trainer.max_steps=100 | 0 | 70.00"
         in markdown
     )
+
+
+def test_a_variant_table_that_grew_is_not_shown_as_a_setting_of_the_row():
+    old = {**_config(0), "method": {"labels": "object", "ablations": {"no_mlm": {"mlm": False}}}}
+    new = {
+        **_config(0),
+        "method": {
+            "labels": "category",
+            "ablations": {"no_mlm": {"mlm": False}, "objects": {"labels": "object"}},
+        },
+    }
+    shown = _settings_shown([[{"config": old}], [{"config": new}]])
+    assert shown == ["method.labels=object", "method.labels=category"]
 
 
 def test_execution_only_settings_do_not_split_a_row(tmp_path):

@@ -158,9 +158,14 @@ def _sliced_splits(settings: dict | None) -> list[str]:
     ]
 
 
+# A method's table of variants (``method.ablations``) lists what ``variant=`` may select; which one
+# ran is the row's label. Rows whose tables differ (a variant added later) show no such keys.
+VARIANT_TABLE = "method.ablations."
+
+
 def _settings_shown(members_by_row: list[list[dict]]) -> list[str]:
-    """For rows of one family: the settings in which each row differs from the others, and any
-    sliced split."""
+    """For rows of one family: the settings in which each row differs from the others (the variant
+    table aside), and any sliced split."""
     settings = [
         experiment_settings(m[0]["config"]) if "config" in m[0] else None for m in members_by_row
     ]
@@ -171,7 +176,12 @@ def _settings_shown(members_by_row: list[list[dict]]) -> list[str]:
         ]
     known = [s for s in settings if s is not None]
     keys = sorted({k for s in known for k in s} if known else set())
-    differing = [k for k in keys if len({json.dumps(s.get(k), sort_keys=True) for s in known}) > 1]
+    differing = [
+        k
+        for k in keys
+        if len({json.dumps(s.get(k), sort_keys=True) for s in known}) > 1
+        and not k.startswith(VARIANT_TABLE)
+    ]
     shown = []
     for members, s in zip(members_by_row, settings, strict=True):
         if s is None:
