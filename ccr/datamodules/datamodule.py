@@ -619,15 +619,16 @@ class CCRDataModule(L.LightningDataModule):
         if role not in self._views:
             records = self.records(role)
             table = caption_table(records, self.languages)
+            image_paths = [self.image_root / r.image for r in records]
             self._views[role] = EvalView(
                 image_ids=[r.id for r in records],
                 caption_image=table.caption_image,
                 caption_language=table.caption_language,
                 languages=table.languages,
                 relevance=self.relevance(role),
-                image_paths=[self.image_root / r.image for r in records],
+                image_paths=image_paths,
                 captions=table.captions,
-                transform=self.images([self.image_root / r.image for r in records]),
+                transform=self.images(image_paths),
                 tokenizer=self.tokenizer,
                 max_length=self.info.max_length,
                 num_workers=self.loader["num_workers"],
