@@ -6,7 +6,8 @@ worker (the main process) and the process's peak RSS. Each mode runs in its own 
 
     python benchmarks/bench_streaming.py --world .cache/data/synthetic --out /tmp/bench_shards
 
-The world is the default one (10,000 training images; built on first use). Shards are written
+The world is the default one (10,000 training images; built on first use); ``--train-size N``
+builds and measures a world with N training images instead (the other splits unchanged). Shards are written
 once under ``--out``. The timings are wall-clock on whatever machine runs it: on a shared machine
 repeat it and read the spread. Prints one JSON object.
 """
@@ -70,9 +71,11 @@ def main() -> None:
     parser.add_argument("--out", type=Path, default=Path("/tmp/bench_shards"))
     parser.add_argument("--batches", type=int, default=40)
     parser.add_argument("--shard-size", type=int, default=1000)
+    parser.add_argument("--train-size", type=int, help="training images (default: the world's)")
     args = parser.parse_args()
     common = ["data.num_workers=0", "data.batch_size=64"]
-    map_style = [f"data.root={args.world}", *common]
+    size = [f"data.synthetic.num_train={args.train_size}"] if args.train_size else []
+    map_style = [f"data.root={args.world}", *size, *common]
     if not (args.out / "train" / shards.INDEX).exists():
         start = time.perf_counter()
         write_shards(["write", str(args.out), "--shard-size", str(args.shard_size), *map_style])

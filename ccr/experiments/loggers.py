@@ -6,7 +6,10 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
 from lightning.pytorch.loggers import CSVLogger, Logger, TensorBoardLogger
 from omegaconf import DictConfig
@@ -14,6 +17,35 @@ from omegaconf import DictConfig
 from ccr.experiments.config import ConfigError, method_label
 
 PACKAGES = {"tensorboard": "tensorboard", "csv": None, "wandb": "wandb", "mlflow": "mlflow"}
+
+
+@contextmanager
+def _naming(path: str) -> Iterator[None]:
+    """A failed write (a full disk) names ``path``: a write error carries no file name, and
+    Lightning's TensorBoard logger reports any failure as a value it cannot log."""
+    try:
+        yield
+    except (OSError, ValueError) as err:
+        cause = err if isinstance(err, OSError) else err.__cause__
+        if isinstance(cause, OSError) and cause.filename is None:
+            raise OSError(cause.errno, cause.strerror, path) from err
+        raise
+
+
+class _TensorBoardLogger(TensorBoardLogger):
+    def log_metrics(self, metrics: Any, step: int | None = None) -> None:
+        with _naming(self.log_dir):
+            super().log_metrics(metrics, step)
+
+    def save(self) -> None:
+        with _naming(self.log_dir):
+            super().save()
+
+
+class _CSVLogger(CSVLogger):
+    def save(self) -> None:
+        with _naming(self.experiment.metrics_file_path):
+            super().save()
 
 
 def check_loggers(cfg: DictConfig) -> list[str]:
@@ -43,11 +75,11 @@ def build_loggers(cfg: DictConfig, run_dir: Path, version: str, flush_every: int
     for kind in check_loggers(cfg):
         if kind == "tensorboard":
             loggers.append(
-                TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=version)
+                _TensorBoardLogger(save_dir=str(run_dir), name="tensorboard", version=version)
             )
         elif kind == "csv":
             loggers.append(
-                CSVLogger(
+                _CSVLogger(
                     save_dir=str(run_dir),
                     name="csv",
                     version=version,

@@ -1,0 +1,60 @@
+"""When does CCRk's MITM loss fit one fixed world batch through the real training step? Prints the
+first fixed step below 0.5 / 0.3 / 0.2 / 0.1 and the loss curve, for the bound that
+``tests/test_itm_fits_a_world_batch.py`` states (docs/ccrk.md, "MITM through the real training step").
+
+    PYTHONPATH=tests python benchmarks/diag_ccrk_mitm_fit.py --backbones small --seed 1 --root /tmp/itm
+
+``--backbones small`` uses ``worlds.SMALL_PRETRAINED_BACKBONES`` (the test's), ``quick`` the 8-step
+``QUICK_BACKBONES`` tower; ``--seed`` seeds the model's initialisation (the test uses 0).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import test_itm_fits_a_world_batch as fit_test
+import torch
+from worlds import SMALL_PRETRAINED_BACKBONES
+
+from ccr import methods
+from ccr.experiments.pretrain.backbones import with_backbones
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--backbones", choices=["small", "quick"], default="small")
+    parser.add_argument("--steps", type=int, default=800)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--root", required=True, help="folder for the small world (reused)")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    extra = SMALL_PRETRAINED_BACKBONES if args.backbones == "small" else []
+    cfg, data = fit_test.setup("ccrk", args.root, *extra)
+    torch.manual_seed(args.seed)
+    module = methods.get("ccrk")(cfg.method, cfg.optim, with_backbones(data), cfg.evaluation)
+    seen = []
+    real = module.matching_loss
+    module.matching_loss = lambda *a: seen.append(real(*a)) or seen[-1]
+    loader = data.train_dataloader()
+    fixed = next(iter(loader))
+    losses = fit_test.fit(
+        module, fit_test.cycle(loader), fixed, lambda: seen[-1].item(), args.steps
+    )
+    first = {
+        str(bar): next((i + 1 for i, x in enumerate(losses) if x < bar), None)
+        for bar in (0.5, 0.3, 0.2, 0.1)
+    }
+    print(
+        json.dumps(
+            {
+                "first_step_below": first,
+                "min": round(min(losses), 4),
+                "losses": [round(x, 4) for x in losses],
+            }
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()
