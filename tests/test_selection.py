@@ -311,3 +311,29 @@ def test_the_validation_schedule_is_lightnings(batches, steps, accumulate, every
     assert module.validated_at == validation_steps(
         batches, steps, accumulate=accumulate, every_n_epochs=every, interval=interval
     )
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_the_validation_schedule_is_checked_on_each_processs_share_of_the_epoch(streamed):
+    """40 items in batches of 4: one process has 10-batch epochs, so a 6-step stage that validates
+    at epoch ends never validates; under 2 processes each rank's epoch is 5 batches (Lightning's
+    DistributedSampler deals 20 items to each; a stream splits its batches itself), so it does."""
+    if streamed:
+
+        class Stream(torch.utils.data.IterableDataset):
+            def __len__(self):
+                return 10  # batches per epoch on one process
+
+            def __iter__(self):
+                yield from range(10)
+
+        loader = torch.utils.data.DataLoader(Stream(), batch_size=None)
+    else:
+        loader = torch.utils.data.DataLoader(torch.arange(40), batch_size=4, drop_last=True)
+    one = ["evaluation.select_on=en/mR", "trainer.check_val_every_n_epoch=1"]
+    with pytest.raises(ConfigError, match="trains 6 steps over epochs of 10 batches"):
+        check_selection(compose(one), loader, 6, ["en"])
+    ddp = [*one, "trainer.devices=2", "trainer.strategy=ddp", "trainer.accelerator=cpu"]
+    check_selection(compose(ddp), loader, 6, ["en"])  # each rank validates at step 5
+    with pytest.raises(ConfigError, match="trains 4 steps over epochs of 5 batches per process"):
+        check_selection(compose(ddp), loader, 4, ["en"])

@@ -17,11 +17,12 @@ from pathlib import Path
 
 from lightning.pytorch.callbacks import ModelCheckpoint
 from omegaconf import DictConfig
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, IterableDataset
 
 from ccr import metrics
 from ccr.experiments.config import ConfigError
 from ccr.experiments.runs import load_checkpoint, write_atomic
+from ccr.experiments.trainer import process_count
 
 SELECTED = "selected"  # selected.ckpt (weights of the best validation) and selected.json
 
@@ -78,6 +79,20 @@ def validation_steps(
     return found
 
 
+def batches_per_process(loader: DataLoader, processes: int) -> int:
+    """Training batches each of ``processes`` processes sees per epoch. Lightning deals a map-style
+    dataset out with a DistributedSampler (ceil(N / processes) items each, batched as the loader
+    batches); a stream splits its batches over the ranks itself, the same number on each."""
+    if processes == 1:
+        return len(loader)
+    if isinstance(loader.dataset, IterableDataset):
+        return len(loader) // processes
+    if loader.batch_size is None:  # a batch sampler: Lightning deals out its batches
+        return math.ceil(len(loader) / processes)
+    items = math.ceil(len(loader.dataset) / processes)  # type: ignore[arg-type]
+    return items // loader.batch_size if loader.drop_last else math.ceil(items / loader.batch_size)
+
+
 def check_selection(
     cfg: DictConfig, final_loader: DataLoader, final_steps: int, val_languages: list[str]
 ) -> None:
@@ -93,17 +108,20 @@ def check_selection(
             f"has no {language!r} captions; it has {', '.join(val_languages)}"
         )
     t = cfg.trainer
+    processes = process_count(cfg)
+    batches = batches_per_process(final_loader, processes)
     if validation_steps(
-        len(final_loader),
+        batches,
         final_steps,
         accumulate=t.accumulate_grad_batches,
         every_n_epochs=t.check_val_every_n_epoch,
         interval=t.val_check_interval,
     ):
         return
+    share = " per process" if processes > 1 else ""
     raise ConfigError(
         f"evaluation.select_on={key}: the final stage trains {final_steps} steps over epochs of "
-        f"{len(final_loader)} batches, and with trainer.check_val_every_n_epoch="
+        f"{batches} batches{share}, and with trainer.check_val_every_n_epoch="
         f"{t.check_val_every_n_epoch} and trainer.val_check_interval={t.val_check_interval} it "
         "would never validate; set a smaller trainer.check_val_every_n_epoch, or "
         "trainer.val_check_interval (batches) with trainer.check_val_every_n_epoch=null"

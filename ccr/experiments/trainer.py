@@ -276,6 +276,22 @@ def check_accelerator(cfg: DictConfig) -> None:
         )
 
 
+def process_count(cfg: DictConfig) -> int:
+    """How many training processes the run starts: devices per node times ``trainer.num_nodes``
+    (``auto`` or -1 devices: every visible GPU on a GPU accelerator, one process on a CPU)."""
+    t = cfg.trainer
+    devices = t.devices
+    if isinstance(devices, ListConfig):
+        per_node = len(devices)
+    elif str(devices).isdigit() and int(devices) > 0:
+        per_node = int(devices)
+    elif str(t.accelerator) in GPU_ACCELERATORS and CUDAAccelerator.is_available():
+        per_node = CUDAAccelerator.auto_device_count()
+    else:
+        per_node = 1
+    return per_node * int(t.num_nodes)
+
+
 def configure_threads(cfg: DictConfig) -> None:
     """Apply the preset's torch intra-op thread count (CPU runs), if it sets one."""
     if cfg.trainer.cpu_threads:
