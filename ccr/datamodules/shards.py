@@ -260,6 +260,22 @@ def raw_samples(paths: Sequence[Path]) -> Iterator[dict]:
     return group_by_keys(tar_file_expander(streams()))
 
 
+def metadata_samples(path: Path) -> Iterator[dict]:
+    """The samples of one tar shard as ``raw_samples`` groups them, with only their ``.json``
+    members read: every other member (the image) is ``b""``, its bytes skipped by seeking, so a
+    view can count what each sample holds without reading images."""
+
+    def members():
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.isreg():
+                    json_member = member_key(member.name)[1].lower() == "json"
+                    data = tar.extractfile(member).read() if json_member else b""
+                    yield {"fname": member.name, "data": data, "__url__": str(path)}
+
+    return group_by_keys(members())
+
+
 def decode_record(sample: dict, caption_language: str | None = None) -> tuple[Record, bytes]:
     """A raw sample's record and encoded image; a bad sample raises ``ValueError`` naming it.
     ``caption_language``: an img2dataset split's, whose captions are ``.txt`` members."""
@@ -343,9 +359,21 @@ class ShardStream(IterableDataset):
                 f"{where}: only {len(index.files)} shards; write at least as many "
                 "shards as slots, or lower data.stream_slots"
             )
-        self.chunk = batch_size // (slots // self.world)  # samples per slot in a batch
-        self.batches = index.total // (slots * self.chunk)  # per epoch, the same on every rank
+        self.chunk = batch_size // (slots // self.world)  # units per slot in a batch
+        self.counts = self.unit_counts()
+        self.batches = sum(self.counts) // (slots * self.chunk)  # per epoch, the same on every rank
         self.epoch, self.skip = 0, 0
+
+    def unit_counts(self) -> tuple[int, ...]:
+        """How many units (here samples; a derived view's items, see ``units``) each shard holds,
+        known before any is read: they size the epoch."""
+        return self.index.samples
+
+    def units(self, samples: Iterator[dict]) -> Iterator:
+        """The units a slot shuffles and batches, from its raw samples in order: the samples
+        themselves. A view that makes several items of a sample (CL2CM's triples) expands them
+        here, deterministically, so that a replay over the same samples gives the same units."""
+        return samples
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
@@ -368,13 +396,12 @@ class ShardStream(IterableDataset):
         streams = []
         for slot in slots:
             shards = self.slot_shards(slot)
-            if not any(self.index.samples[self.index.files.index(p.name)] for p in shards):
+            if not any(self.counts[self.index.files.index(p.name)] for p in shards):
                 raise ValueError(
                     f"{self.index.folder}: the shards dealt to slot {slot} hold no sample"
                 )
-            streams.append(
-                SeededBuffer(self.buffer, hash_seed(self.seed, self.epoch, slot))(cycle(shards))
-            )
+            shuffle = SeededBuffer(self.buffer, hash_seed(self.seed, self.epoch, slot))
+            streams.append(shuffle(self.units(cycle(shards))))
         for batch in range(self.batches):
             # The loader takes batches from its workers in turn, worker 0 first (also when resumed):
             # worker w makes batches skip + w, skip + w + N, ...; the others' samples it reads
@@ -383,9 +410,9 @@ class ShardStream(IterableDataset):
             items, skipped = [], []
             for slot, stream in zip(slots, streams, strict=True):
                 for offset in range(self.chunk):
-                    sample = next(stream)
+                    unit = next(stream)
                     if mine:
-                        item = self.item(sample, slot, batch * self.chunk + offset)
+                        item = self.item(unit, slot, batch * self.chunk + offset)
                         (skipped if isinstance(item, str) else items).append(item)
             if not mine:
                 continue
