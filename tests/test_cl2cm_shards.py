@@ -238,15 +238,18 @@ def test_two_gloo_processes_stream_the_same_number_of_triple_batches_from_unequa
 
 # ---- the CLI: a few steps, and a killed run resumed ---------------------------------------------
 
+# 22 strictly aligned records of the world: 110 (en, de) triples in batches of 16 from 2 slots and
+# 2 loader workers: 6 batches per epoch, 3 per worker.
 RUN = [
     *STREAMED,
-    "data.batch_size=8",
+    "method.target_languages=[de]",
+    "data.batch_size=16",
     "data.num_workers=2",
     "data.stream_slots=2",
     "data.shuffle_buffer=8",
     "method.image_encoder.name=tiny",
     "method.text_encoder.name=tiny",
-    "trainer.max_steps=10",
+    "trainer.max_steps=12",
     "trainer.checkpoint_every_n_steps=3",
     "trainer.check_val_every_n_epoch=1",
     "trainer.log_every_n_steps=1",
@@ -280,7 +283,13 @@ def broken_world(tmp_path_factory):
     write_shards(
         ["write", str(root / "shards"), "--shard-size", "7", f"data.root={root / 'world'}", *WORLD]
     )
-    corrupt(shards.ShardIndex.load(root / "shards" / "train"), 1, "000000009.png", b"not a png")
+    index = shards.ShardIndex.load(root / "shards" / "train")
+    strict = next(  # not a shard's first sample: the check before training decodes those
+        sample["__key__"]
+        for sample in list(shards.metadata_samples(index.folder / index.files[1]))[1:]
+        if json.loads(sample["json"])["extras"]["alignment"] == "strict"
+    )
+    corrupt(index, 1, f"{strict}.png", b"not a png")  # its 5 triples are dropped and counted
     return root
 
 
@@ -288,26 +297,32 @@ def broken_world(tmp_path_factory):
 def uninterrupted(broken_world):
     done = run(["-m", "ccr.experiments.train"], broken_world, "whole")
     assert done.returncode == 0, done.stderr[-2000:]
-    assert "weakly aligned samples left out" in done.stdout + done.stderr
-    return json.loads(
-        (broken_world / "runs" / "shards" / "cl2cm" / "whole" / "metrics.json").read_text()
-    )
+    assert "cl2cm triples: 110 (en -> ['de'])" in done.stdout + done.stderr
+    assert "8 weakly aligned samples left out; 6 batches per epoch" in done.stdout + done.stderr
+    folder = broken_world / "runs" / "shards" / "cl2cm" / "whole"
+    logged = [
+        row.split(",")
+        for row in (folder / "csv" / "checkpoints" / "metrics.csv").read_text().splitlines()
+    ]
+    column = logged[0].index("train/skipped_samples")
+    counts = [float(row[column]) for row in logged[1:] if row[column]]
+    assert len(counts) == 2 and counts[-1] >= 5  # each pass over the broken image drops 5 rows
+    return json.loads((folder / "metrics.json").read_text())
 
 
 @pytest.mark.slow
 def test_cl2cm_trains_from_shards_and_a_killed_run_resumes_with_the_same_scores(
     broken_world, uninterrupted
 ):
-    assert uninterrupted["train_steps"] == 10
-    assert all(value == value for value in uninterrupted["metrics"].values())  # no NaN
-    # 150 triples (15 strict records) in batches of 8: 18 per epoch, 9 per worker; killed at
-    # batch 8, resumed from step 6 (3 batches into a worker's turn)
-    killed = run([str(REPO / "tests" / "interrupted_train.py"), "KILL", "8"], broken_world, "cut")
+    assert uninterrupted["train_steps"] == 12
+    # Killed at batch 11 (epoch 1): resumes from step 9, 3 batches into the epoch, so the first
+    # resumed batch comes from the other worker than in a fresh epoch.
+    killed = run([str(REPO / "tests" / "interrupted_train.py"), "KILL", "11"], broken_world, "cut")
     assert killed.returncode != 0
     resumed = run(["-m", "ccr.experiments.train"], broken_world, "cut", "ckpt_path=last")
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     result = json.loads(
         (broken_world / "runs" / "shards" / "cl2cm" / "cut" / "metrics.json").read_text()
     )
-    assert result["resumed_from_step"] == 6 and result["train_steps"] == 10
+    assert result["resumed_from_step"] == 9 and result["train_steps"] == 12
     assert result["metrics"] == uninterrupted["metrics"]
