@@ -10,6 +10,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from dataclasses import replace
 from datetime import timedelta
 from pathlib import Path
 
@@ -17,11 +18,11 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from test_shards import corrupt, write_uneven
+from test_shards import LANGUAGES, corrupt, make_records, write_uneven
 
-from ccr.datamodules import shards
+from ccr.datamodules import shards, triples
 from ccr.datamodules.datasets import ImageTransform
-from ccr.datamodules.triples import TripleStream, triple_dataloader, triple_index
+from ccr.datamodules.triples import TripleStream, triple_census, triple_dataloader, triple_index
 from ccr.experiments.config import compose
 from ccr.experiments.shards import main as write_shards
 from ccr.experiments.train import build_datamodule
@@ -162,6 +163,29 @@ def test_triple_stream_epochs_are_sized_by_the_triples_the_shards_hold(tmp_path)
     index = write_uneven(tmp_path, [3, 17, 5, 11, 2, 9])  # 47 records, 31 with German: 62 triples
     stream = triple_stream(index, batch_size=4, slots=2)
     assert sum(stream.unit_counts()) == 62 and len(stream) == 62 // 4
+
+
+def test_a_split_without_alignment_marks_is_sized_from_its_caption_list_without_reading_a_tar(
+    tmp_path, monkeypatch
+):
+    index = shards.write_split(
+        make_records(tmp_path, 20),
+        tmp_path / "images",
+        tmp_path / "train",
+        shard_size=6,
+        languages=LANGUAGES,
+        captions_parallel=True,
+    )
+    assert not index.alignment
+    # records 3k have no German: shards of records 0-5, 6-11, 12-17, 18-19
+    expected = triples.TripleCensus((8, 8, 8, 2), samples=20, weak=0, unreadable=0)
+    assert triple_census(replace(index, alignment=True), LANGUAGES, "en", ["de"]) == expected
+
+    def no_tar(path):
+        raise AssertionError(f"read {path}")
+
+    monkeypatch.setattr(triples, "metadata_samples", no_tar)
+    assert triple_census(index, LANGUAGES, "en", ["de"]) == expected
 
 
 def test_an_undecodable_image_drops_its_triples_and_names_the_sample(tmp_path):

@@ -18,6 +18,7 @@ import functools
 import io
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import islice
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -27,6 +28,7 @@ from torch.utils.data import DataLoader, Dataset
 
 from .records import Record
 from .shards import (
+    CAPTIONS,
     ShardIndex,
     ShardStream,
     StreamLoader,
@@ -171,22 +173,22 @@ def triple_dataloader(
 # ---- streamed from shards ------------------------------------------------------------------------
 
 
-def sample_triples(
-    sample: dict,
-    caption_language: str | None,
-    languages: Sequence[str],
-    source: str,
-    targets: list[str],
-) -> tuple[Record, bytes, list[tuple[int, str]]] | str:
-    """A raw sample's record (its non-empty captions in ``languages``, as validation keeps them),
-    encoded image and triples (none when weakly aligned); or, when its metadata does not decode,
-    why, naming the sample. Reads the ``.json`` only, not the image."""
+def sample_record(
+    sample: dict, caption_language: str | None, languages: Sequence[str]
+) -> tuple[Record, bytes] | str:
+    """A raw sample's record (its non-empty captions in ``languages``, as validation keeps them)
+    and encoded image; or, when its metadata does not decode, why, naming the sample. Reads the
+    ``.json`` only, not the image."""
     try:
         record, image = decode_record(sample, caption_language)
     except ValueError as error:
         return str(error)
-    record = requested(record, languages)
-    return record, image, [] if is_weak(record) else record_triples(record, source, targets)
+    return requested(record, languages), image
+
+
+def strict_triples(record: Record, source: str, targets: list[str]) -> list[tuple[int, str]]:
+    """The record's triples, none when it is weakly aligned."""
+    return [] if is_weak(record) else record_triples(record, source, targets)
 
 
 @dataclass(frozen=True)
@@ -204,8 +206,8 @@ class TripleCensus:
 def triple_census(
     index: ShardIndex, languages: Sequence[str], source: str, targets: list[str]
 ) -> TripleCensus:
-    """The split's ``TripleCensus``, from every sample's ``.json`` (no image is read), counted
-    once per process for a given state of the shard files."""
+    """The split's ``TripleCensus`` (``shard_metadata``: no image is read), counted once per
+    process for a given state of the shard files."""
     listing = tuple(
         (name, (index.folder / name).stat().st_size, (index.folder / name).stat().st_mtime_ns)
         for name in index.files
@@ -218,23 +220,44 @@ def _triple_census(
     index: ShardIndex, listing: tuple, languages: tuple, source: str, targets: tuple
 ) -> TripleCensus:
     per_shard, samples, weak, unreadable = [], 0, 0, 0
-    for name, _, _ in listing:
+    for records in shard_metadata(index, languages):
         count = 0
-        for sample in metadata_samples(index.folder / name):
-            found = sample_triples(sample, index.caption_language, languages, source, list(targets))
+        for record in records:
             samples += 1
-            if isinstance(found, str):
+            if isinstance(record, str):
                 unreadable, count = unreadable + 1, count + 1
-                continue
-            weak += is_weak(found[0])
-            count += len(found[2])
+            else:
+                weak += is_weak(record)
+                count += len(strict_triples(record, source, list(targets)))
         per_shard.append(count)
     return TripleCensus(tuple(per_shard), samples, weak, unreadable)
 
 
+def shard_metadata(index: ShardIndex, languages: Sequence[str]) -> Iterator[Iterator[Record | str]]:
+    """Per shard, each sample's record without its image (or why its metadata does not decode).
+
+    A split written without alignment marks (``shards.json`` ``alignment: false``) is read from
+    its ``captions.jsonl``, one line per sample; otherwise the marks are only in the samples'
+    ``.json`` members, read from the tars (every member header parsed, images skipped by
+    seeking), about 15 times slower (docs/scale.md)."""
+    if index.alignment or not (index.folder / CAPTIONS).is_file():
+        for name in index.files:
+            yield (
+                found if isinstance(found, str) else found[0]
+                for found in (
+                    sample_record(sample, index.caption_language, languages)
+                    for sample in metadata_samples(index.folder / name)
+                )
+            )
+        return
+    rows = index.caption_rows()
+    for count in index.samples:
+        yield (requested(Record("", None, row, {}), languages) for row in islice(rows, count))
+
+
 class TripleStream(ShardStream):
     """CL2CM's triples streamed from a shard split: ``ShardStream`` whose units are triples, each
-    sample expanded into its own (``sample_triples``) before its slot's shuffle buffer; the epoch
+    sample expanded into its own (``strict_triples``) before its slot's shuffle buffer; the epoch
     is sized by the triples the shards hold (``triple_census``). Items are ``TripleDataset``'s.
 
     A sample whose metadata does not decode is one unit, dropped where it lands; one whose image
@@ -268,15 +291,13 @@ class TripleStream(ShardStream):
 
     def units(self, samples: Iterator[dict]) -> Iterator[tuple | str]:
         for sample in samples:
-            found = sample_triples(
-                sample, self.index.caption_language, self.languages, self.source, self.targets
-            )
+            found = sample_record(sample, self.index.caption_language, self.languages)
             if isinstance(found, str):
                 yield found
                 continue
-            record, image, triples = found
+            record, image = found
             where = f"{sample['__url__']}: sample {sample['__key__']}"
-            for i, language in triples:
+            for i, language in strict_triples(record, self.source, self.targets):
                 yield record, image, where, i, language
 
     def item(self, unit: tuple | str, slot: int, position: int) -> dict | str:
