@@ -44,6 +44,11 @@ rank; per-sample draws (which caption) are seeded by (seed, epoch, slot, positio
 
 Shards must be at least S.
 
+A view that makes several training items of one sample (CL2CM's triples,
+``ccr/datamodules/triples.py``) subclasses ``ShardStream``: it expands each raw sample into its
+units before the shuffle buffer (``units``) and says how many each shard holds (``unit_counts``);
+everything above then holds with units for samples.
+
 We chose webdataset (its tar reader and writer) over LitData: the format is the one img2dataset
 writes for CC3M-scale data, so existing shards work as they are; the shard-to-slot deal, equal
 epochs and exact resume are done here because webdataset's own (``split_by_node``,
