@@ -188,6 +188,13 @@ def test_a_split_without_alignment_marks_is_sized_from_its_caption_list_without_
     assert triple_census(index, LANGUAGES, "en", ["de"]) == expected
 
 
+def test_a_slot_whose_shards_make_no_triple_is_an_error_that_says_so(tmp_path):
+    index = write_uneven(tmp_path, [1, 5, 5])  # record 0 has no German caption
+    stream = triple_stream(index, batch_size=3, slots=3)
+    with pytest.raises(ValueError, match=r"the shards dealt to slot \d hold no triple"):
+        list(shards.StreamLoader(stream, 0))
+
+
 def test_an_undecodable_image_drops_its_triples_and_names_the_sample(tmp_path):
     index = write_uneven(tmp_path, [8])  # records 1, 2, 4, 5, 7 have German: 10 triples
     corrupt(index, 0, "000000002.png", b"not an image")

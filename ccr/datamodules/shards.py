@@ -328,6 +328,8 @@ class ShardStream(IterableDataset):
     per item. ``start(epoch, batches_done)`` sets the epoch the next iteration streams and how
     many of its batches to skip. ``world``/``rank`` default to the process group's."""
 
+    unit = "sample"  # what the stream batches, for messages
+
     def __init__(
         self,
         index: ShardIndex,
@@ -403,7 +405,7 @@ class ShardStream(IterableDataset):
             shards = self.slot_shards(slot)
             if not any(self.counts[self.index.files.index(p.name)] for p in shards):
                 raise ValueError(
-                    f"{self.index.folder}: the shards dealt to slot {slot} hold no sample"
+                    f"{self.index.folder}: the shards dealt to slot {slot} hold no {self.unit}"
                 )
             shuffle = SeededBuffer(self.buffer, hash_seed(self.seed, self.epoch, slot))
             streams.append(shuffle(self.units(cycle(shards))))

@@ -264,6 +264,8 @@ class TripleStream(ShardStream):
     does not decode drops each of its triples. A replay before a resumed batch expands the
     samples again (their ``.json``), decoding no image."""
 
+    unit = "triple"
+
     def __init__(
         self,
         index: ShardIndex,
