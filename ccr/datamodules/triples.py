@@ -344,7 +344,7 @@ def triple_stream_loader(
         f"cl2cm triples: {sum(census.triples)} ({source} -> {targets}) from {census.samples} "
         f"samples of {index.folder}; {census.weak} weakly aligned samples left out"
         + (
-            f"; {census.unreadable} samples whose .json does not decode"
+            f"; {census.unreadable} samples whose metadata does not decode (one dropped row each)"
             if census.unreadable
             else ""
         )
