@@ -44,6 +44,11 @@ rank; per-sample draws (which caption) are seeded by (seed, epoch, slot, positio
 
 Shards must be at least S.
 
+A view that makes several training items of one sample (CL2CM's triples,
+``ccr/datamodules/triples.py``) subclasses ``ShardStream``: it expands each raw sample into its
+units before the shuffle buffer (``units``) and says how many each shard holds (``unit_counts``);
+everything above then holds with units for samples.
+
 We chose webdataset (its tar reader and writer) over LitData: the format is the one img2dataset
 writes for CC3M-scale data, so existing shards work as they are; the shard-to-slot deal, equal
 epochs and exact resume are done here because webdataset's own (``split_by_node``,
@@ -260,6 +265,22 @@ def raw_samples(paths: Sequence[Path]) -> Iterator[dict]:
     return group_by_keys(tar_file_expander(streams()))
 
 
+def metadata_samples(path: Path) -> Iterator[dict]:
+    """The samples of one tar shard as ``raw_samples`` groups them, with only their ``.json``
+    members read: every other member (the image) is ``b""``, its bytes skipped by seeking, so a
+    view can count what each sample holds without reading images."""
+
+    def members():
+        with tarfile.open(path) as tar:
+            for member in tar:
+                if member.isreg():
+                    json_member = member_key(member.name)[1].lower() == "json"
+                    data = tar.extractfile(member).read() if json_member else b""
+                    yield {"fname": member.name, "data": data, "__url__": str(path)}
+
+    return group_by_keys(members())
+
+
 def decode_record(sample: dict, caption_language: str | None = None) -> tuple[Record, bytes]:
     """A raw sample's record and encoded image; a bad sample raises ``ValueError`` naming it.
     ``caption_language``: an img2dataset split's, whose captions are ``.txt`` members."""
@@ -307,6 +328,8 @@ class ShardStream(IterableDataset):
     per item. ``start(epoch, batches_done)`` sets the epoch the next iteration streams and how
     many of its batches to skip. ``world``/``rank`` default to the process group's."""
 
+    unit = "sample"  # what the stream batches, for messages
+
     def __init__(
         self,
         index: ShardIndex,
@@ -343,9 +366,21 @@ class ShardStream(IterableDataset):
                 f"{where}: only {len(index.files)} shards; write at least as many "
                 "shards as slots, or lower data.stream_slots"
             )
-        self.chunk = batch_size // (slots // self.world)  # samples per slot in a batch
-        self.batches = index.total // (slots * self.chunk)  # per epoch, the same on every rank
+        self.chunk = batch_size // (slots // self.world)  # units per slot in a batch
+        self.counts = self.unit_counts()
+        self.batches = sum(self.counts) // (slots * self.chunk)  # per epoch, the same on every rank
         self.epoch, self.skip = 0, 0
+
+    def unit_counts(self) -> tuple[int, ...]:
+        """How many units (here samples; a derived view's items, see ``units``) each shard holds,
+        known before any is read: they size the epoch."""
+        return self.index.samples
+
+    def units(self, samples: Iterator[dict]) -> Iterator:
+        """The units a slot shuffles and batches, from its raw samples in order: the samples
+        themselves. A view that makes several items of a sample (CL2CM's triples) expands them
+        here, deterministically, so that a replay over the same samples gives the same units."""
+        return samples
 
     def __len__(self) -> int:
         """Batches per epoch on this rank (the same on every rank)."""
@@ -368,13 +403,12 @@ class ShardStream(IterableDataset):
         streams = []
         for slot in slots:
             shards = self.slot_shards(slot)
-            if not any(self.index.samples[self.index.files.index(p.name)] for p in shards):
+            if not any(self.counts[self.index.files.index(p.name)] for p in shards):
                 raise ValueError(
-                    f"{self.index.folder}: the shards dealt to slot {slot} hold no sample"
+                    f"{self.index.folder}: the shards dealt to slot {slot} hold no {self.unit}"
                 )
-            streams.append(
-                SeededBuffer(self.buffer, hash_seed(self.seed, self.epoch, slot))(cycle(shards))
-            )
+            shuffle = SeededBuffer(self.buffer, hash_seed(self.seed, self.epoch, slot))
+            streams.append(shuffle(self.units(cycle(shards))))
         for batch in range(self.batches):
             # The loader takes batches from its workers in turn, worker 0 first (also when resumed):
             # worker w makes batches skip + w, skip + w + N, ...; the others' samples it reads
@@ -383,9 +417,9 @@ class ShardStream(IterableDataset):
             items, skipped = [], []
             for slot, stream in zip(slots, streams, strict=True):
                 for offset in range(self.chunk):
-                    sample = next(stream)
+                    unit = next(stream)
                     if mine:
-                        item = self.item(sample, slot, batch * self.chunk + offset)
+                        item = self.item(unit, slot, batch * self.chunk + offset)
                         (skipped if isinstance(item, str) else items).append(item)
             if not mine:
                 continue
