@@ -41,7 +41,7 @@ def test_every_english_caption_is_one_triple_per_target_language(datamodule):
     assert len(index) == len(records) * 5 * 2
     assert len(set(index)) == len(index)
     loader = triple_dataloader(datamodule)
-    dataset = loader.dataset
+    dataset = loader.dataset.dataset  # the triples, under the loader's seeded items
     for item in range(0, len(dataset), 7):
         r, i, language = dataset.index[item]
         triple = dataset[item]
@@ -56,7 +56,7 @@ def test_every_english_caption_is_one_triple_per_target_language(datamodule):
 
 
 def test_target_languages_are_chosen_and_checked(datamodule):
-    only_ja = triple_dataloader(datamodule, "en", ["ja"]).dataset
+    only_ja = triple_dataloader(datamodule, "en", ["ja"]).dataset.dataset
     assert {language for _, _, language in only_ja.index} == {"ja"}
     with pytest.raises(ValueError, match="method.target_languages"):
         triple_dataloader(datamodule, "en", ["fr"])
@@ -73,7 +73,7 @@ def test_weakly_aligned_records_make_no_triples(tmp_path):
     data = build_datamodule(cfg)
     weak = {r.id for r in data.records("train") if r.extras.get("alignment") == "weak"}
     assert weak
-    dataset = triple_dataloader(data).dataset
+    dataset = triple_dataloader(data).dataset.dataset
     assert not weak & {dataset.records[r].id for r, _, _ in dataset.index}
     assert len(dataset) == (len(data.records("train")) - len(weak)) * 5 * 2
 

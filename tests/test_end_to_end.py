@@ -232,6 +232,47 @@ def test_interrupted_run_resumes_exactly(
         assert noise not in resumed.stderr + resumed.stdout
 
 
+def _run_method(method, script_args, runs, world, run_id, *extra):
+    argv = smoke_overrides(
+        method,
+        world,
+        runs,
+        f"run_id={run_id}",
+        "trainer.max_steps=12",
+        "trainer.checkpoint_every_n_steps=4",
+        "trainer.check_val_every_n_epoch=1",
+        *extra,
+    )
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    return subprocess.run(
+        [sys.executable, *script_args, *argv], cwd=REPO, env=env, capture_output=True, text=True
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("method", ["ccrk", "cl2cm", "covlr"])
+def test_every_single_stage_method_resumes_exactly_after_a_kill(method, world, tmp_path):
+    """Killed after 6 batches and resumed from its step-4 checkpoint, each method ends with the
+    scores of its uninterrupted run (clip: the cases above; cl2cm trains on its own triple view)."""
+    runs = tmp_path / "runs"
+    whole = _run_method(method, ["-m", "ccr.experiments.train"], runs, world, "whole")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    killed = _run_method(
+        method, [str(REPO / "tests" / "interrupted_train.py"), "KILL", "6"], runs, world, "cut"
+    )
+    assert killed.returncode != 0
+    resumed = _run_method(
+        method, ["-m", "ccr.experiments.train"], runs, world, "cut", "ckpt_path=last"
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    folder = runs / "synthetic" / method
+    result = json.loads((folder / "cut" / "metrics.json").read_text())
+    assert result["resumed_from_step"] == 4 and result["train_steps"] == 12
+    assert (
+        result["metrics"] == json.loads((folder / "whole" / "metrics.json").read_text())["metrics"]
+    )
+
+
 def _train_rows(csv_text: str, below: int | None = None) -> list[tuple[str, str, str]]:
     """(epoch, step, train/loss) of each logged training step, those before ``below`` only."""
     lines = csv_text.splitlines()

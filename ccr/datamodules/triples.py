@@ -26,6 +26,7 @@ import torch
 from lightning.pytorch.utilities import rank_zero_info
 from torch.utils.data import DataLoader, Dataset
 
+from .datamodule import training_loader
 from .records import Record
 from .shards import (
     CAPTIONS,
@@ -159,10 +160,10 @@ def triple_dataloader(
         )
     images = datamodule.images([datamodule.image_root / r.image for r in strict])
     loader = datamodule.loader
-    return DataLoader(
+    return training_loader(  # seeded by (seed, epoch): a killed run resumes at the same triple
         TripleDataset(strict, index, source, datamodule.image_root, images),
+        datamodule.seed,
         batch_size=int(datamodule.cfg.batch_size),
-        shuffle=True,
         drop_last=True,
         persistent_workers=loader["num_workers"] > 0,
         **loader,
