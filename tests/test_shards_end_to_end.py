@@ -271,3 +271,53 @@ def test_the_multinode_preset_on_two_local_nodes_scores_like_one_process_with_th
         assert two["metrics"][key] == (
             value if "R@" in key or "mR" in key else pytest.approx(value, abs=1e-5)
         ), key
+
+
+def test_streamed_training_images_are_read_as_the_map_style_loaders_read_them(
+    sharded_world, monkeypatch
+):
+    """A run that fine-tunes a pretrained model (``data.pretrained_io``) must read every training
+    image with that model's own preprocessing, streamed or not: the stream takes the datamodule's
+    loader transform (here replaced by one that marks its images), not the suite's default."""
+    import torch
+
+    from ccr.datamodules.datamodule import CCRDataModule
+    from ccr.experiments.config import compose
+    from ccr.experiments.train import build_datamodule
+
+    def marked(image):
+        return torch.full((3, 32, 32), 7.0)
+
+    monkeypatch.setattr(CCRDataModule, "loader_transform", lambda self: marked)
+    cfg = compose(
+        [
+            *SHARDED_RUN,
+            "data.num_workers=0",
+            f"data.root={sharded_world / 'shards'}",
+            f"data.cache_dir={sharded_world / 'cache'}",
+        ]
+    )
+    data = build_datamodule(cfg, roles=())
+    images = next(iter(data.train_dataloader()))["images"]
+    assert bool((images == 7.0).all())
+
+
+def test_streamed_captions_are_trimmed_as_data_pad_to_multiple_asks(sharded_world):
+    """``data.pad_to_multiple=8`` pads each training batch to its longest caption rounded up to 8,
+    in the stream as in map-style loaders (not to the full ``data.max_length``, here 160)."""
+    from ccr.experiments.config import compose
+    from ccr.experiments.train import build_datamodule
+
+    cfg = compose(
+        [
+            *SHARDED_RUN,
+            "data.num_workers=0",
+            "data.pad_to_multiple=8",
+            "data.max_length=160",
+            f"data.root={sharded_world / 'shards'}",
+            f"data.cache_dir={sharded_world / 'cache'}",
+        ]
+    )
+    batch = next(iter(build_datamodule(cfg, roles=()).train_dataloader()))
+    lengths = {key: value.shape[-1] for key, value in batch.items() if key.endswith("input_ids")}
+    assert lengths and all(n % 8 == 0 and n < 160 for n in lengths.values()), lengths

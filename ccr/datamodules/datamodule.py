@@ -598,12 +598,17 @@ class CCRDataModule(L.LightningDataModule):
         """Training batches streamed from the train split's shards (``ccr/datamodules/shards.py``)."""
         index = self.shard_index("train")
         collate = TrainCollate(
-            self.tokenizer, self.info.max_length, languages, len(self._labels), index.alignment
+            self.tokenizer,
+            self.info.max_length,
+            languages,
+            len(self._labels),
+            index.alignment,
+            pad_to_multiple=self.info.pad_to_multiple,
         )
         stream = shards.ShardStream(
             index,
             languages=languages,
-            transform=self.image_transform(),
+            transform=self.loader_transform(),  # a pretrained model's own preprocessing, if set
             collate=collate,
             label_index=self._labels,
             batch_size=batch_size,
