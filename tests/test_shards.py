@@ -233,3 +233,19 @@ def test_fewer_shards_than_slots_or_slots_not_shared_by_the_processes_is_an_erro
         stream(index, world=2, slots=4)
     with pytest.raises(ValueError, match="stream_slots=3 is not a multiple of the 2 processes"):
         stream(index, world=2, slots=3)
+
+
+def test_the_skipped_samples_line_gives_an_example_only_from_a_rank_that_has_one(monkeypatch):
+    """Rank 0 skipped nothing while rank 1 skipped 3: rank 0's line gives the counts and no
+    example (it has none; rank 1 prints its own), not 'e.g. None'."""
+    import types
+
+    messages, logged = [], []
+    monkeypatch.setattr(shards, "rank_zero_info", messages.append)
+    trainer = types.SimpleNamespace(
+        strategy=types.SimpleNamespace(all_gather=lambda t: torch.tensor([0, 3])), global_rank=0
+    )
+    module = types.SimpleNamespace(device="cpu", log=lambda *a, **k: logged.append(a))
+    shards.SkippedSamples().on_train_epoch_end(trainer, module)
+    assert logged == [("train/skipped_samples", 3.0)]
+    assert messages == ["streamed training data: 3 samples skipped so far (per rank [0, 3])"]

@@ -498,9 +498,10 @@ class SkippedSamples(Callback):
         counts = counts.reshape(-1).tolist()
         pl_module.log("train/skipped_samples", float(sum(counts)), rank_zero_only=True)
         if sum(counts):
+            example = f", e.g. {self.example}" if self.example is not None else ""
             rank_zero_info(
                 f"streamed training data: {sum(counts)} samples skipped so far "
-                f"(per rank {counts}), e.g. {self.example}"
+                f"(per rank {counts}){example}"
             )
             if self.example is not None and trainer.global_rank != 0:
                 print(f"rank {trainer.global_rank}: skipped e.g. {self.example}", flush=True)
