@@ -11,6 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
+from ccr.datamodules import shards
 from ccr.datamodules.datasets import ImageTransform
 from ccr.datamodules.records import Record
 from ccr.datamodules.shards import (
