@@ -5,10 +5,6 @@ batches on every rank, undecodable samples dropped and counted, exact resume."""
 
 import json
 import logging
-import os
-import socket
-import subprocess
-import sys
 import time
 from collections import Counter
 from dataclasses import replace
@@ -19,6 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from launch import on_shards, single_and_two_nodes
 from test_shards import LANGUAGES, corrupt, make_records, write_uneven
 
 from ccr.datamodules import shards, triples
@@ -291,22 +288,7 @@ RUN = [
 
 
 def run(script_args, root, run_id, *extra):
-    argv = [
-        *RUN,
-        f"data.root={root / 'shards'}",
-        f"data.cache_dir={root / 'cache'}",
-        f"run_dir={root / 'runs'}",
-        f"run_id={run_id}",
-        *extra,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        ["timeout", "300", sys.executable, *script_args, *argv],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    return on_shards(RUN, script_args, root, run_id, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -360,19 +342,13 @@ def test_cl2cm_trains_from_shards_and_a_killed_run_resumes_with_the_same_scores(
     assert result["metrics"] == uninterrupted["metrics"]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_cl2cm_on_two_local_nodes_scores_like_one_process_with_the_global_batch(sharded_world):
     """``trainer=multinode`` launched as torchrun does on two nodes (both on localhost, one CPU
     process each, gloo), batches of 8 triples per node, against one process with batches of 16:
     the stream gives both the same global batches, and every CL2CM loss is computed over the
     gathered batch, so the scores agree."""
-    common = [
+    argv = [
         *RUN,
         f"data.root={sharded_world / 'shards'}",
         f"data.cache_dir={sharded_world / 'cache'}",
@@ -380,51 +356,9 @@ def test_cl2cm_on_two_local_nodes_scores_like_one_process_with_the_global_batch(
         "trainer.max_steps=6",
         "data.num_workers=0",
     ]
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    train = [sys.executable, "-m", "ccr.experiments.train"]
-    single = subprocess.run(
-        ["timeout", "300", *train, *common, "run_id=single", "data.batch_size=16"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert single.returncode == 0, single.stderr[-2000:]
-    port = free_port()
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc-per-node=1"]
-    nodes = [
-        subprocess.Popen(
-            [
-                "timeout",
-                "300",
-                *launch,
-                f"--node-rank={node}",
-                "--master-addr=127.0.0.1",
-                f"--master-port={port}",
-                "-m",
-                "ccr.experiments.train",
-                *common,
-                "run_id=nodes",
-                "data.batch_size=8",
-                "trainer=multinode",
-                "trainer.accelerator=cpu",
-                "trainer.devices=1",
-                "trainer.precision=32-true",
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=(sharded_world / f"node{node}.log").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        for node in range(2)
-    ]
-    for number, node in enumerate(nodes):
-        node.wait()
-        assert node.returncode == 0, (sharded_world / f"node{number}.log").read_text()[-3000:]
     runs = sharded_world / "runs" / "shards" / "cl2cm"
-    one = json.loads((runs / "single" / "metrics.json").read_text())
-    two = json.loads((runs / "nodes" / "metrics.json").read_text())
-    assert two["config"]["trainer"]["num_nodes"] == 2 and two["train_steps"] == 6
+    one, two = single_and_two_nodes(argv, 8, runs, sharded_world)
+    assert two["train_steps"] == 6
     assert two["metrics"].keys() == one["metrics"].keys()
     for key, value in one["metrics"].items():
         assert two["metrics"][key] == pytest.approx(value, abs=1e-5), key

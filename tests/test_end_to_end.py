@@ -154,9 +154,9 @@ def test_method_learns_and_reevaluation_reproduces_its_scores(method, learnable_
     assert json.loads((folder / "metrics.json").read_text())["metrics"] == again
 
 
-def _run(script_args, runs, world, run_id, *extra):
+def _run(script_args, runs, world, run_id, *extra, method="clip"):
     argv = smoke_overrides(
-        "clip",
+        method,
         world,
         runs,
         f"run_id={run_id}",
@@ -232,37 +232,24 @@ def test_interrupted_run_resumes_exactly(
         assert noise not in resumed.stderr + resumed.stdout
 
 
-def _run_method(method, script_args, runs, world, run_id, *extra):
-    argv = smoke_overrides(
-        method,
-        world,
-        runs,
-        f"run_id={run_id}",
-        "trainer.max_steps=12",
-        "trainer.checkpoint_every_n_steps=4",
-        "trainer.check_val_every_n_epoch=1",
-        *extra,
-    )
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        [sys.executable, *script_args, *argv], cwd=REPO, env=env, capture_output=True, text=True
-    )
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("method", ["ccrk", "cl2cm", "covlr"])
 def test_every_single_stage_method_resumes_exactly_after_a_kill(method, world, tmp_path):
     """Killed after 6 batches and resumed from its step-4 checkpoint, each method ends with the
     scores of its uninterrupted run (clip: the cases above; cl2cm trains on its own triple view)."""
     runs = tmp_path / "runs"
-    whole = _run_method(method, ["-m", "ccr.experiments.train"], runs, world, "whole")
+    whole = _run(["-m", "ccr.experiments.train"], runs, world, "whole", method=method)
     assert whole.returncode == 0, whole.stderr[-2000:]
-    killed = _run_method(
-        method, [str(REPO / "tests" / "interrupted_train.py"), "KILL", "6"], runs, world, "cut"
+    killed = _run(
+        [str(REPO / "tests" / "interrupted_train.py"), "KILL", "6"],
+        runs,
+        world,
+        "cut",
+        method=method,
     )
     assert killed.returncode != 0
-    resumed = _run_method(
-        method, ["-m", "ccr.experiments.train"], runs, world, "cut", "ckpt_path=last"
+    resumed = _run(
+        ["-m", "ccr.experiments.train"], runs, world, "cut", "ckpt_path=last", method=method
     )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     folder = runs / "synthetic" / method

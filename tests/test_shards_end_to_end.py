@@ -3,12 +3,10 @@ continues at the same sample on every worker and ends with the scores of the uni
 
 import json
 import os
-import socket
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from launch import on_shards, single_and_two_nodes
 from test_shards import collate, corrupt
 
 from ccr.datamodules import shards
@@ -80,22 +78,7 @@ def skipped_per_epoch(root, epochs):
 
 
 def run(script_args, root, run_id, *extra):
-    argv = [
-        *SHARDED_RUN,
-        f"data.root={root / 'shards'}",
-        f"data.cache_dir={root / 'cache'}",
-        f"run_dir={root / 'runs'}",
-        f"run_id={run_id}",
-        *extra,
-    ]
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    return subprocess.run(
-        ["timeout", "300", sys.executable, *script_args, *argv],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    return on_shards(SHARDED_RUN, script_args, root, run_id, *extra)
 
 
 @pytest.fixture(scope="module")
@@ -185,12 +168,6 @@ def test_a_slurm_requeue_signal_saves_a_checkpoint_and_the_requeued_job_finishes
     assert result["metrics"] == uninterrupted["metrics"]
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.slow
 def test_the_multinode_preset_on_two_local_nodes_scores_like_one_process_with_the_global_batch(
     sharded_world,
@@ -199,7 +176,7 @@ def test_the_multinode_preset_on_two_local_nodes_scores_like_one_process_with_th
     CPU process each, gloo), batches of 8 per node, against one process with batches of 16: the
     stream gives both the same global batches, so the scores are equal. (With several languages
     clip draws each row's language from its process's RNG, which differs from one process's.)"""
-    common = [
+    argv = [
         *SHARDED_RUN,
         f"data.root={sharded_world / 'shards'}",
         f"data.cache_dir={sharded_world / 'cache'}",
@@ -208,62 +185,8 @@ def test_the_multinode_preset_on_two_local_nodes_scores_like_one_process_with_th
         "data.num_workers=0",
         "data.languages=[en]",
     ]  # one language: clip's per-process language draw is no draw
-    env = {**os.environ, "PYTHONPATH": str(REPO), "OMP_NUM_THREADS": "1"}
-    single = subprocess.run(
-        [
-            "timeout",
-            "300",
-            sys.executable,
-            "-m",
-            "ccr.experiments.train",
-            *common,
-            "run_id=single",
-            "data.batch_size=16",
-        ],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
-    assert single.returncode == 0, single.stderr[-2000:]
-    port = free_port()
-    nodes = [
-        subprocess.Popen(
-            [
-                "timeout",
-                "300",
-                sys.executable,
-                "-m",
-                "torch.distributed.run",
-                "--nnodes=2",
-                "--nproc-per-node=1",
-                f"--node-rank={node}",
-                "--master-addr=127.0.0.1",
-                f"--master-port={port}",
-                "-m",
-                "ccr.experiments.train",
-                *common,
-                "run_id=nodes",
-                "data.batch_size=8",
-                "trainer=multinode",
-                "trainer.accelerator=cpu",
-                "trainer.devices=1",
-                "trainer.precision=32-true",
-            ],
-            cwd=REPO,
-            env=env,
-            stdout=(sharded_world / f"node{node}.log").open("w"),
-            stderr=subprocess.STDOUT,
-        )
-        for node in range(2)
-    ]
-    for number, node in enumerate(nodes):
-        node.wait()
-        assert node.returncode == 0, (sharded_world / f"node{number}.log").read_text()[-3000:]
     runs = sharded_world / "runs" / "shards" / "clip"
-    one = json.loads((runs / "single" / "metrics.json").read_text())
-    two = json.loads((runs / "nodes" / "metrics.json").read_text())
-    assert two["config"]["trainer"]["num_nodes"] == 2
+    one, two = single_and_two_nodes(argv, 8, runs, sharded_world)
     # The weights agree to float rounding (a gathered loss is summed in another order), which can
     # move a near tie of the graded uni-modal NDCG in its 7th digit; ranking scores are equal.
     assert two["metrics"].keys() == one["metrics"].keys()
