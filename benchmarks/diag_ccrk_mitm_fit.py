@@ -17,9 +17,6 @@ import test_itm_fits_a_world_batch as fit_test
 import torch
 from worlds import SMALL_PRETRAINED_BACKBONES
 
-from ccr import methods
-from ccr.experiments.pretrain.backbones import with_backbones
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -29,18 +26,8 @@ def main() -> None:
     parser.add_argument("--root", required=True, help="folder for the small world (reused)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    extra = SMALL_PRETRAINED_BACKBONES if args.backbones == "small" else []
-    cfg, data = fit_test.setup("ccrk", args.root, *extra)
-    torch.manual_seed(args.seed)
-    module = methods.get("ccrk")(cfg.method, cfg.optim, with_backbones(data), cfg.evaluation)
-    seen = []
-    real = module.matching_loss
-    module.matching_loss = lambda *a: seen.append(real(*a)) or seen[-1]
-    loader = data.train_dataloader()
-    fixed = next(iter(loader))
-    losses = fit_test.fit(
-        module, fit_test.cycle(loader), fixed, lambda: seen[-1].item(), args.steps
-    )
+    backbones = SMALL_PRETRAINED_BACKBONES if args.backbones == "small" else []
+    losses = fit_test.ccrk_matching_losses(args.root, backbones, args.steps, seed=args.seed)
     first = {
         str(bar): next((i + 1 for i, x in enumerate(losses) if x < bar), None)
         for bar in (0.5, 0.3, 0.2, 0.1)

@@ -67,6 +67,20 @@ def cycle(loader):
         yield from loader
 
 
+def ccrk_matching_losses(root, backbones, steps, stop_below=None, seed=0):
+    """CCRk's MITM loss at each fixed-batch step (see ``fit``) on the test world under ``root``
+    with the world overrides ``backbones``; ``seed`` seeds the model's initialisation."""
+    cfg, data = setup("ccrk", root, *backbones)
+    torch.manual_seed(seed)
+    module = methods.get("ccrk")(cfg.method, cfg.optim, with_backbones(data), cfg.evaluation)
+    seen = []
+    real = module.matching_loss
+    module.matching_loss = lambda *args: seen.append(real(*args)) or seen[-1]
+    loader = data.train_dataloader()
+    fixed = next(iter(loader))
+    return fit(module, cycle(loader), fixed, lambda: seen[-1].item(), steps, stop_below)
+
+
 @pytest.mark.slow
 def test_ccrk_mitm_on_mined_hard_negatives_fits_a_world_batch_within_700_steps(world):
     """MITM (3B pairs: the hard positive caption, a hard negative caption and a hard negative
@@ -78,14 +92,7 @@ def test_ccrk_mitm_on_mined_hard_negatives_fits_a_world_batch_within_700_steps(w
     additive (image x text holds 0.3 % of the fused [CLS] variance), so it leaves the prior
     slowly; from the 8-step ``QUICK_BACKBONES`` tower it took 763 steps (docs/ccrk.md, "Why it
     is flat")."""
-    cfg, data = setup("ccrk", world, *SMALL_PRETRAINED_BACKBONES)
-    module = methods.get("ccrk")(cfg.method, cfg.optim, with_backbones(data), cfg.evaluation)
-    seen = []
-    real = module.matching_loss
-    module.matching_loss = lambda *args: seen.append(real(*args)) or seen[-1]
-    loader = data.train_dataloader()
-    fixed = next(iter(loader))
-    losses = fit(module, cycle(loader), fixed, lambda: seen[-1].item(), 700, stop_below=0.1)
+    losses = ccrk_matching_losses(world, SMALL_PRETRAINED_BACKBONES, 700, stop_below=0.1)
     assert min(losses) < 0.1, [round(x, 3) for x in losses[::25]]
 
 
