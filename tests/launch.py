@@ -47,6 +47,17 @@ def on_shards(base: list[str], script_args: list[str], root: Path, run_id: str, 
     )
 
 
+def kill_and_resume_on_shards(base: list[str], root: Path, method: str, at_batch: int) -> dict:
+    """Run ``cut`` killed after ``at_batch`` batches, then resumed with ``ckpt_path=last``; the
+    resumed run's ``metrics.json``."""
+    interrupted = [str(REPO / "tests" / "interrupted_train.py"), "KILL", str(at_batch)]
+    killed = on_shards(base, interrupted, root, "cut")
+    assert killed.returncode != 0
+    resumed = on_shards(base, TRAIN, root, "cut", "ckpt_path=last")
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    return json.loads((root / "runs" / "shards" / method / "cut" / "metrics.json").read_text())
+
+
 def single_and_two_nodes(argv: list[str], batch: int, runs: Path, logs: Path) -> tuple[dict, dict]:
     """``metrics.json`` of run ``single`` (one process, batches of ``2 * batch``) and of run
     ``nodes`` (two nodes, batches of ``batch`` each), both trained with ``argv`` and written under

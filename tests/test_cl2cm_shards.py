@@ -15,7 +15,7 @@ import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
-from launch import on_shards, single_and_two_nodes
+from launch import kill_and_resume_on_shards, on_shards, single_and_two_nodes
 from test_shards import LANGUAGES, corrupt, make_records, write_uneven
 
 from ccr.datamodules import shards, triples
@@ -331,13 +331,7 @@ def test_cl2cm_trains_from_shards_and_a_killed_run_resumes_with_the_same_scores(
     assert uninterrupted["train_steps"] == 12
     # Killed at batch 11 (epoch 1): resumes from step 9, 3 batches into the epoch, so the first
     # resumed batch comes from the other worker than in a fresh epoch.
-    killed = run([str(REPO / "tests" / "interrupted_train.py"), "KILL", "11"], broken_world, "cut")
-    assert killed.returncode != 0
-    resumed = run(["-m", "ccr.experiments.train"], broken_world, "cut", "ckpt_path=last")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    result = json.loads(
-        (broken_world / "runs" / "shards" / "cl2cm" / "cut" / "metrics.json").read_text()
-    )
+    result = kill_and_resume_on_shards(RUN, broken_world, "cl2cm", 11)
     assert result["resumed_from_step"] == 9 and result["train_steps"] == 12
     assert result["metrics"] == uninterrupted["metrics"]
 

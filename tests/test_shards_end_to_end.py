@@ -6,7 +6,7 @@ import os
 from pathlib import Path
 
 import pytest
-from launch import on_shards, single_and_two_nodes
+from launch import kill_and_resume_on_shards, on_shards, single_and_two_nodes
 from test_shards import collate, corrupt
 
 from ccr.datamodules import shards
@@ -117,13 +117,7 @@ def test_a_killed_sharded_run_resumes_at_the_same_sample_and_ends_with_the_same_
 ):
     # Killed at batch 11 (epoch 1): resumes from step 9, 3 batches into the epoch, so the first
     # resumed batch comes from the other worker than in a fresh epoch.
-    killed = run([str(REPO / "tests" / "interrupted_train.py"), "KILL", "11"], sharded_world, "cut")
-    assert killed.returncode != 0
-    resumed = run(["-m", "ccr.experiments.train"], sharded_world, "cut", "ckpt_path=last")
-    assert resumed.returncode == 0, resumed.stderr[-2000:]
-    result = json.loads(
-        (sharded_world / "runs" / "shards" / "clip" / "cut" / "metrics.json").read_text()
-    )
+    result = kill_and_resume_on_shards(SHARDED_RUN, sharded_world, "clip", 11)
     assert result["resumed_from_step"] == 9 and result["train_steps"] == 12
     assert result["metrics"] == uninterrupted["metrics"]
 

@@ -209,10 +209,8 @@ def triple_census(
 ) -> TripleCensus:
     """The split's ``TripleCensus`` (``shard_metadata``: no image is read), counted once per
     process for a given state of the shard files."""
-    listing = tuple(
-        (name, (index.folder / name).stat().st_size, (index.folder / name).stat().st_mtime_ns)
-        for name in index.files
-    )
+    stats = [(name, (index.folder / name).stat()) for name in index.files]
+    listing = tuple((name, stat.st_size, stat.st_mtime_ns) for name, stat in stats)
     return _triple_census(index, listing, tuple(languages), source, tuple(targets))
 
 
