@@ -228,7 +228,9 @@ def test_interrupted_run_resumes_exactly(
     assert _train_rows(before, below=resumed_step) + _train_rows(after) == _train_rows(
         whole.read_text()
     )
-    for noise in ("litlogger", "LeafSpec", "weights_only"):
+    # Lightning warns that a mid-epoch resume of a loader without state_dict is unreliable; the
+    # suite re-positions its loaders itself (the equalities above), so the warning would mislead
+    for noise in ("litlogger", "LeafSpec", "weights_only", "not resumable"):
         assert noise not in resumed.stderr + resumed.stdout
 
 
