@@ -262,6 +262,53 @@ def test_every_single_stage_method_resumes_exactly_after_a_kill(method, world, t
     )
 
 
+RC3_STAGES = [
+    "method.pretrain.max_steps=6",
+    "method.finetune.max_steps=4",
+    "method.backbone.pretrained=null",  # no world mBART to build for a resume check
+    "trainer.checkpoint_every_n_steps=2",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "at_batch, resumed_step", [(6, 4), (10, 2)], ids=["in-pretraining", "in-fine-tuning"]
+)
+def test_rc3_resumes_exactly_after_a_kill_in_either_stage(at_batch, resumed_step, world, tmp_path):
+    """RC3's two stages (6 pre-training steps on pairs, weak pairs and parallel text; 4 English
+    fine-tuning steps), checkpointed every 2 steps: killed mid-stage in either stage (batches are
+    counted over both) and resumed from that stage's last checkpoint, the run ends with the scores
+    of its uninterrupted run and counts every step of both stages."""
+    runs = tmp_path / "runs"
+    whole = _run(["-m", "ccr.experiments.train"], runs, world, "whole", *RC3_STAGES, method="rc3")
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    killed = _run(
+        [str(REPO / "tests" / "interrupted_train.py"), "KILL", str(at_batch)],
+        runs,
+        world,
+        "cut",
+        *RC3_STAGES,
+        method="rc3",
+    )
+    assert killed.returncode != 0
+    resumed = _run(
+        ["-m", "ccr.experiments.train"],
+        runs,
+        world,
+        "cut",
+        "ckpt_path=last",
+        *RC3_STAGES,
+        method="rc3",
+    )
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    folder = runs / "synthetic" / "rc3"
+    result = json.loads((folder / "cut" / "metrics.json").read_text())
+    expected = json.loads((folder / "whole" / "metrics.json").read_text())
+    assert result["resumed_from_step"] == resumed_step
+    assert result["stage_steps"] == expected["stage_steps"] == {"pretrain": 6, "finetune": 4}
+    assert result["metrics"] == expected["metrics"]
+
+
 def _train_rows(csv_text: str, below: int | None = None) -> list[tuple[str, str, str]]:
     """(epoch, step, train/loss) of each logged training step, those before ``below`` only."""
     lines = csv_text.splitlines()
