@@ -322,7 +322,11 @@ def _train_rows(csv_text: str, below: int | None = None) -> list[tuple[str, str,
 
 
 @pytest.mark.slow
-def test_a_staged_run_counts_every_step_of_every_stage_after_a_resume(world, tmp_path):
+def test_a_staged_run_resumed_in_its_last_stage_counts_every_step_and_ends_with_its_scores(
+    world, tmp_path
+):
+    """mclip's four stages of two steps, checkpointed every step, killed as the last stage's second
+    step begins: the resumed run counts every stage's steps and scores as the uninterrupted run."""
     runs = tmp_path / "runs"
     argv = smoke_overrides("mclip", world, runs, "run_id=m", "trainer.checkpoint_every_n_steps=1")
     env = {**os.environ, "PYTHONPATH": str(REPO)}
@@ -345,6 +349,18 @@ def test_a_staged_run_counts_every_step_of_every_stage_after_a_resume(world, tmp
     assert "method.trikd.max_steps=2" in resumed.stdout
     result = json.loads((runs / "synthetic" / "mclip" / "m" / "metrics.json").read_text())
     assert result["stage_steps"] == {"teacher": 2, "mte_nmt": 2, "mte_ctl": 2, "trikd": 2}
+    assert result["resumed_from_step"] == 1  # killed as trikd's second step began
+    whole_argv = [a.replace("run_id=m", "run_id=whole") for a in argv]
+    whole = subprocess.run(
+        [sys.executable, "-m", "ccr.experiments.train", *whole_argv],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert whole.returncode == 0, whole.stderr[-2000:]
+    expected = json.loads((runs / "synthetic" / "mclip" / "whole" / "metrics.json").read_text())
+    assert result["metrics"] == expected["metrics"]
     assert result["train_steps"] == 8 and result["resumed_from_step"] == 1
 
 
