@@ -5,6 +5,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,7 @@ from worlds import QUICK_BACKBONES, SMALL_PRETRAINED_BACKBONES
 from ccr import methods
 from ccr.experiments.config import compose
 from ccr.experiments.evaluate import evaluate
-from ccr.experiments.runs import scorer_label
+from ccr.experiments.runs import load_checkpoint, scorer_label
 from ccr.experiments.train import train
 
 REPO = Path(__file__).resolve().parents[1]
@@ -291,6 +292,9 @@ def test_rc3_resumes_exactly_after_a_kill_in_either_stage(at_batch, resumed_step
         method="rc3",
     )
     assert killed.returncode != 0
+    folder = runs / "synthetic" / "rc3"
+    trained_before = _seconds_left_on_disk(folder / "cut", resumed_step)
+    started = time.perf_counter()
     resumed = _run(
         ["-m", "ccr.experiments.train"],
         runs,
@@ -300,13 +304,33 @@ def test_rc3_resumes_exactly_after_a_kill_in_either_stage(at_batch, resumed_step
         *RC3_STAGES,
         method="rc3",
     )
+    process_bound = time.perf_counter() - started
     assert resumed.returncode == 0, resumed.stderr[-2000:]
-    folder = runs / "synthetic" / "rc3"
     result = json.loads((folder / "cut" / "metrics.json").read_text())
     expected = json.loads((folder / "whole" / "metrics.json").read_text())
     assert result["resumed_from_step"] == resumed_step
     assert result["stage_steps"] == expected["stage_steps"] == {"pretrain": 6, "finetune": 4}
     assert result["metrics"] == expected["metrics"]
+    # the wall time counts the killed process's training up to its checkpoints, not only the
+    # resumed process (which alone is recorded beside it)
+    assert "process_wall_time_s" not in expected
+    assert 0 < result["process_wall_time_s"] <= process_bound
+    assert result["wall_time_s"] == pytest.approx(
+        trained_before + result["process_wall_time_s"], abs=0.2
+    )
+
+
+def _seconds_left_on_disk(run: Path, resumed_step: int) -> float:
+    """Training seconds a killed staged run left on disk: each finished stage's, and those saved
+    in the checkpoint it resumes from (the unfinished stage's at ``resumed_step``)."""
+    finished = sum(json.loads(p.read_text())["seconds"] for p in run.glob("stages/*/seconds.json"))
+    saved = {
+        load_checkpoint(p)["callbacks"]["TrainingPosition"]["seconds"]
+        for p in run.glob("stages/*/*.ckpt")
+        if p.name != "done.ckpt" and load_checkpoint(p)["global_step"] == resumed_step
+    }
+    assert saved, f"no checkpoint at step {resumed_step} in {run}"
+    return finished + max(saved)
 
 
 def _train_rows(csv_text: str, below: int | None = None) -> list[tuple[str, str, str]]:

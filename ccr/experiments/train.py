@@ -11,6 +11,7 @@ zero steps, or whose loss becomes non-finite, stops with an error and writes no 
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Mapping, Sequence, Sized
 from pathlib import Path
@@ -34,6 +35,7 @@ from ccr.experiments.runs import (
     load_checkpoint,
     resume_checkpoint,
     save_config,
+    write_atomic,
     write_metrics,
 )
 from ccr.experiments.selection import (
@@ -57,6 +59,7 @@ from ccr.methods.base import RetrievalModule, Stage
 from ccr.methods.layers.pretrained_dual import DualSpec, PretrainedIO, load_io
 
 DONE = "done.ckpt"
+STAGE_SECONDS = "seconds.json"  # beside done.ckpt: the finished stage's training seconds
 ROLES = ("train", "val", "test")
 
 
@@ -122,6 +125,12 @@ def stages_of(cfg: DictConfig, data: CCRDataModule) -> list[Stage]:
 
 def checkpoint_dir(run_dir: Path, stages: Sequence[Stage], stage: Stage) -> Path:
     return run_dir / "checkpoints" if len(stages) == 1 else run_dir / "stages" / stage.name
+
+
+def stage_seconds(folder: Path) -> float:
+    """The training seconds a finished stage recorded (0 for a stage finished by older code)."""
+    path = folder / STAGE_SECONDS
+    return float(json.loads(path.read_text())["seconds"]) if path.exists() else 0.0
 
 
 def budget_notice(cfg: DictConfig, stages: Sequence[Stage]) -> str | None:
@@ -207,6 +216,7 @@ def _train_stages(
     cfg: DictConfig, run_dir: Path, data: CCRDataModule, stages: Sequence[Stage]
 ) -> Path:
     started = time.perf_counter()
+    earlier_s = 0.0  # trained by this run's earlier processes: finished stages and resumed ones
     throughput = Throughput()
     previous: Path | None = None
     stage_steps: dict[str, int] = {}
@@ -225,6 +235,7 @@ def _train_stages(
             module.load_state_dict(checkpoint["state_dict"])
             stage_steps[stage.name] = int(checkpoint["global_step"])
             selected = recorded_selection(folder) if final else None
+            earlier_s += stage_seconds(folder)
             previous = done
             continue
         resume = resume_checkpoint(folder, cfg.ckpt_path)
@@ -259,6 +270,9 @@ def _train_stages(
         )
         if trainer.global_step == 0:
             raise ValueError(f"stage '{stage.name}' trained zero steps")
+        earlier_s += position.seconds_before
+        if trainer.is_global_zero:
+            write_atomic(folder / STAGE_SECONDS, json.dumps({"seconds": position.seconds()}))
         if selection:  # the test scores the best validation's weights, not the last step's
             selected = keep_selected(selection, module, stage.name)
         trainer.save_checkpoint(
@@ -277,7 +291,12 @@ def _train_stages(
             split="test",
             run_id=run_dir.name,
             checkpoint=str(previous),
-            wall_time_s=round(time.perf_counter() - started, 1),
+            wall_time_s=round(earlier_s + time.perf_counter() - started, 1),
+            **(
+                {"process_wall_time_s": round(time.perf_counter() - started, 1)}
+                if earlier_s
+                else {}
+            ),
             train_samples_per_s=round(throughput.samples_per_second, 1),
             train_steps=sum(stage_steps.values()),
             stage_steps=stage_steps,

@@ -81,9 +81,10 @@ def set_rng_states(states: dict[str, Any]) -> None:
 
 class TrainingPosition(Callback):
     """Where training stands, saved in every checkpoint: the epoch, the batches already trained in
-    it (the training sampler skips them on resume) and the RNG states (restored just before the
-    first resumed batch). With per-item seeded data this makes a resumed run continue exactly as
-    the uninterrupted one would have.
+    it (the training sampler skips them on resume), the RNG states (restored just before the
+    first resumed batch) and the seconds the stage has trained so far. With per-item seeded data
+    this makes a resumed run continue exactly as the uninterrupted one would have, and its wall
+    time count the earlier processes' training up to the checkpoint.
 
     Lightning runs checkpoint callbacks after all others, so a checkpoint saved at a batch end
     already counts that batch.
@@ -93,8 +94,15 @@ class TrainingPosition(Callback):
         self.epoch = 0
         self.batches = 0
         self.resumed: tuple[int, int] | None = None
+        self.seconds_before = 0.0  # trained by earlier processes, up to the resumed checkpoint
+        self._started: float | None = None
         self._pending_rng: dict[str, Any] | None = None
         self._between_epochs = False
+
+    def seconds(self) -> float:
+        """Seconds this stage has trained: earlier processes' plus this one's since fit began."""
+        running = 0.0 if self._started is None else time.perf_counter() - self._started
+        return self.seconds_before + running
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if trainer.current_epoch != self.epoch:
@@ -107,12 +115,18 @@ class TrainingPosition(Callback):
             self._pending_rng = None
 
     def state_dict(self) -> dict[str, Any]:
-        return {"epoch": self.epoch, "batches": self.batches, "rng": rng_states()}
+        return {
+            "epoch": self.epoch,
+            "batches": self.batches,
+            "rng": rng_states(),
+            "seconds": self.seconds(),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         self.epoch, self.batches = int(state["epoch"]), int(state["batches"])
         self.resumed = (self.epoch, self.batches)
         self._pending_rng = state["rng"]
+        self.seconds_before = float(state.get("seconds", 0.0))  # 0: a checkpoint from before
 
     def on_load_checkpoint(self, trainer, pl_module, checkpoint: dict[str, Any]) -> None:
         """A checkpoint saved after an epoch's last batch resumes at the next epoch's start.
@@ -132,6 +146,7 @@ class TrainingPosition(Callback):
         own["epoch"], own["batches"] = int(own["epoch"]) + 1, 0
 
     def on_train_start(self, trainer, pl_module) -> None:
+        self._started = time.perf_counter()
         # Between epochs nothing is left to restart: the next epoch starts as in an unbroken run
         # (Lightning keeps a step-bounded run "restarting", which would replay the saved batch's
         # end-of-batch bookkeeping, a scheduler step included, before the epoch's first batch).
