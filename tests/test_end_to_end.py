@@ -166,6 +166,11 @@ def _run(script_args, runs, world, run_id, *extra, method="clip"):
         "trainer.check_val_every_n_epoch=1",
         *extra,
     )
+    return _launch(script_args, argv)
+
+
+def _launch(script_args, argv):
+    """``python <script_args> <argv>`` from the repository root, its output captured."""
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     return subprocess.run(
         [sys.executable, *script_args, *argv], cwd=REPO, env=env, capture_output=True, text=True
@@ -281,29 +286,18 @@ def test_rc3_resumes_exactly_after_a_kill_in_either_stage(at_batch, resumed_step
     counted over both) and resumed from that stage's last checkpoint, the run ends with the scores
     of its uninterrupted run and counts every step of both stages."""
     runs = tmp_path / "runs"
-    whole = _run(["-m", "ccr.experiments.train"], runs, world, "whole", *RC3_STAGES, method="rc3")
+
+    def rc3(script_args, run_id, *extra):
+        return _run(script_args, runs, world, run_id, *RC3_STAGES, *extra, method="rc3")
+
+    whole = rc3(["-m", "ccr.experiments.train"], "whole")
     assert whole.returncode == 0, whole.stderr[-2000:]
-    killed = _run(
-        [str(REPO / "tests" / "interrupted_train.py"), "KILL", str(at_batch)],
-        runs,
-        world,
-        "cut",
-        *RC3_STAGES,
-        method="rc3",
-    )
+    killed = rc3([str(REPO / "tests" / "interrupted_train.py"), "KILL", str(at_batch)], "cut")
     assert killed.returncode != 0
     folder = runs / "synthetic" / "rc3"
     trained_before = _seconds_left_on_disk(folder / "cut", resumed_step)
     started = time.perf_counter()
-    resumed = _run(
-        ["-m", "ccr.experiments.train"],
-        runs,
-        world,
-        "cut",
-        "ckpt_path=last",
-        *RC3_STAGES,
-        method="rc3",
-    )
+    resumed = rc3(["-m", "ccr.experiments.train"], "cut", "ckpt_path=last")
     process_bound = time.perf_counter() - started
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     result = json.loads((folder / "cut" / "metrics.json").read_text())
@@ -324,10 +318,11 @@ def _seconds_left_on_disk(run: Path, resumed_step: int) -> float:
     """Training seconds a killed staged run left on disk: each finished stage's, and those saved
     in the checkpoint it resumes from (the unfinished stage's at ``resumed_step``)."""
     finished = sum(json.loads(p.read_text())["seconds"] for p in run.glob("stages/*/seconds.json"))
+    unfinished = (load_checkpoint(p) for p in run.glob("stages/*/*.ckpt") if p.name != "done.ckpt")
     saved = {
-        load_checkpoint(p)["callbacks"]["TrainingPosition"]["seconds"]
-        for p in run.glob("stages/*/*.ckpt")
-        if p.name != "done.ckpt" and load_checkpoint(p)["global_step"] == resumed_step
+        ckpt["callbacks"]["TrainingPosition"]["seconds"]
+        for ckpt in unfinished
+        if ckpt["global_step"] == resumed_step
     }
     assert saved, f"no checkpoint at step {resumed_step} in {run}"
     return finished + max(saved)
@@ -352,39 +347,25 @@ def test_a_staged_run_resumed_in_its_last_stage_counts_every_step_and_ends_with_
     """mclip's four stages of two steps, checkpointed every step, killed as the last stage's second
     step begins: the resumed run counts every stage's steps and scores as the uninterrupted run."""
     runs = tmp_path / "runs"
-    argv = smoke_overrides("mclip", world, runs, "run_id=m", "trainer.checkpoint_every_n_steps=1")
-    env = {**os.environ, "PYTHONPATH": str(REPO)}
-    killed = subprocess.run(
-        [sys.executable, str(REPO / "tests" / "interrupted_train.py"), "KILL", "8", *argv],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+
+    def argv(run_id):
+        return smoke_overrides(
+            "mclip", world, runs, f"run_id={run_id}", "trainer.checkpoint_every_n_steps=1"
+        )
+
+    train_module = ["-m", "ccr.experiments.train"]
+    killed = _launch([str(REPO / "tests" / "interrupted_train.py"), "KILL", "8"], argv("m"))
     assert killed.returncode != 0
-    resumed = subprocess.run(
-        [sys.executable, "-m", "ccr.experiments.train", *argv, "ckpt_path=last"],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    resumed = _launch(train_module, [*argv("m"), "ckpt_path=last"])
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert "method.trikd.max_steps=2" in resumed.stdout
     result = json.loads((runs / "synthetic" / "mclip" / "m" / "metrics.json").read_text())
     assert result["stage_steps"] == {"teacher": 2, "mte_nmt": 2, "mte_ctl": 2, "trikd": 2}
-    assert result["resumed_from_step"] == 1  # killed as trikd's second step began
-    whole_argv = [a.replace("run_id=m", "run_id=whole") for a in argv]
-    whole = subprocess.run(
-        [sys.executable, "-m", "ccr.experiments.train", *whole_argv],
-        cwd=REPO,
-        env=env,
-        capture_output=True,
-        text=True,
-    )
+    whole = _launch(train_module, argv("whole"))
     assert whole.returncode == 0, whole.stderr[-2000:]
     expected = json.loads((runs / "synthetic" / "mclip" / "whole" / "metrics.json").read_text())
     assert result["metrics"] == expected["metrics"]
+    # killed as trikd's second step began
     assert result["train_steps"] == 8 and result["resumed_from_step"] == 1
 
 

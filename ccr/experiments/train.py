@@ -284,6 +284,7 @@ def _train_stages(
     trainer.test(module, datamodule=StageData(data, stages[-1]), verbose=False)
     report = last_report(module, stages[-1])
     if trainer.is_global_zero:
+        process_s = time.perf_counter() - started
         write_metrics(
             run_dir / "metrics.json",
             cfg,
@@ -291,12 +292,8 @@ def _train_stages(
             split="test",
             run_id=run_dir.name,
             checkpoint=str(previous),
-            wall_time_s=round(earlier_s + time.perf_counter() - started, 1),
-            **(
-                {"process_wall_time_s": round(time.perf_counter() - started, 1)}
-                if earlier_s
-                else {}
-            ),
+            wall_time_s=round(earlier_s + process_s, 1),
+            **({"process_wall_time_s": round(process_s, 1)} if earlier_s else {}),
             train_samples_per_s=round(throughput.samples_per_second, 1),
             train_steps=sum(stage_steps.values()),
             stage_steps=stage_steps,
