@@ -4,6 +4,7 @@ does the input pipeline keep up?
     python benchmarks/bench_gpu.py                          # on a GPU: every method, paper sizes
     python benchmarks/bench_gpu.py --methods clip,ccrk --steps 30 data.num_workers=12
     python benchmarks/bench_gpu.py --tiny                   # CPU: tiny sizes, seconds (its test)
+    python benchmarks/bench_gpu.py --methods ccrk --profile prof/   # also where a step's time goes
 
 Each method is its paper preset with random weights of the paper's sizes (``paper_models``: no
 download), trained on the synthetic world rendered at ``data.image_size`` (224 px). On one module,
@@ -145,16 +146,15 @@ def step_flops(module, batch: dict, device: torch.device, precision: str) -> int
     return flops
 
 
-def bare_seconds(
-    module, cfg, batches: Sequence[dict], steps: int, warmup: int, device: torch.device
-) -> float:
-    """Seconds of ``steps`` plain PyTorch training steps after ``warmup`` untimed ones."""
+def bare_step(module, cfg, total_steps: int, device: torch.device) -> Callable[[int, dict], None]:
+    """A plain PyTorch training step as a function of (step, batch): autocast as the trainer's
+    precision, the method's AdamW groups and schedule over ``total_steps``, gradient clipping."""
     from torch.optim import AdamW
     from torch.optim.lr_scheduler import LambdaLR
 
     from ccr.methods.layers.optim import SCHEDULES, param_groups, warmup_step_count
 
-    o, total = cfg.optim, warmup + steps
+    o = cfg.optim
     optimizer = AdamW(
         param_groups(module, o.weight_decay, o.lr, module.lr_scales()),
         lr=o.lr,
@@ -163,34 +163,102 @@ def bare_seconds(
     )
     schedule = partial(
         SCHEDULES[o.schedule],
-        total_steps=total,
+        total_steps=total_steps,
         min_lr_ratio=o.min_lr_ratio,
-        warmup_steps=warmup_step_count(total, o.warmup_steps, o.warmup_ratio),
+        warmup_steps=warmup_step_count(total_steps, o.warmup_steps, o.warmup_ratio),
     )
     scheduler = LambdaLR(optimizer, schedule)
+
+    def step(index: int, batch: dict) -> None:
+        with autocast(device, cfg.trainer.precision):
+            loss = module.training_step(batch, index)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        if cfg.trainer.gradient_clip_val:
+            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.trainer.gradient_clip_val)
+        optimizer.step()
+        scheduler.step()
+
+    return step
+
+
+def bare_seconds(
+    module, cfg, batches: Sequence[dict], steps: int, warmup: int, device: torch.device
+) -> float:
+    """Seconds of ``steps`` plain PyTorch training steps after ``warmup`` untimed ones."""
+    module.to(device)  # as in profile_bare
+    step = bare_step(module, cfg, warmup + steps, device)
     module.train()
     start = 0.0
     with NoLogging(module):
-        for step in range(total):
-            if step == warmup:
+        for index in range(warmup + steps):
+            if index == warmup:
                 synchronize(device)
                 start = time.perf_counter()
-            with autocast(device, cfg.trainer.precision):
-                loss = module.training_step(batches[step % len(batches)], step)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if cfg.trainer.gradient_clip_val:
-                torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.trainer.gradient_clip_val)
-            optimizer.step()
-            scheduler.step()
+            step(index, batches[index % len(batches)])
         synchronize(device)
     return time.perf_counter() - start
 
 
+def profile_bare(
+    module, cfg, batches: Sequence[dict], steps: int, device: torch.device, path: Path
+) -> dict:
+    """Where a bare training step's time goes: ``torch.profiler`` over ``steps`` steps (after one
+    untimed step), written to ``path`` as the operators by device time and by host time. Returns
+    the summary: wall and device (kernel) milliseconds per step, the share of the wall time the
+    device is busy, kernels launched per step and their mean length, and host-device
+    synchronisations per step. A busy share far below 1 means the host (launches, syncs, Python)
+    starves the chip; near 1 with short kernels means the work itself is too small per kernel."""
+    from torch.autograd import DeviceType
+    from torch.profiler import ProfilerActivity, profile
+
+    module.to(device)  # a Lightning loop before this one ends with the module moved to the CPU
+    step = bare_step(module, cfg, steps + 1, device)
+    activities = [ProfilerActivity.CPU]
+    if device.type == "cuda":
+        activities.append(ProfilerActivity.CUDA)
+    module.train()
+    with NoLogging(module):
+        step(0, batches[0])
+        synchronize(device)
+        with profile(activities=activities) as profiler:
+            start = time.perf_counter()
+            for index in range(1, steps + 1):
+                step(index, batches[index % len(batches)])
+            synchronize(device)
+            wall = time.perf_counter() - start
+    averages = profiler.key_averages()
+    kernels = [e for e in averages if e.device_type != DeviceType.CPU]
+    device_us = sum(e.self_device_time_total for e in kernels)
+    launches = sum(e.count for e in kernels)
+    syncs = sum(e.count for e in averages if "Synchronize" in e.key)
+    summary = {
+        "steps": steps,
+        "wall_ms_per_step": 1e3 * wall / steps,
+        "device_ms_per_step": device_us / 1e3 / steps,
+        "device_busy": device_us / 1e6 / wall if kernels else None,
+        "kernels_per_step": launches / steps,
+        "mean_kernel_us": device_us / launches if launches else None,
+        "syncs_per_step": syncs / steps,
+    }
+    sort = "self_device_time_total" if kernels else "self_cpu_time_total"
+    path.write_text(
+        json.dumps(summary, indent=1)
+        + f"\n\n# by device time ({sort})\n"
+        + averages.table(sort_by=sort, row_limit=30, max_name_column_width=70)
+        + "\n# by host time (self_cpu_time_total)\n"
+        + averages.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70)
+    )
+    return summary
+
+
 def lightning_seconds(
     module, cfg, loader: Iterable, steps: int, warmup: int, device: torch.device
-) -> float:
-    """Seconds of ``steps`` steps of the suite's Trainer after ``warmup`` untimed ones."""
+) -> tuple[float, float]:
+    """Seconds of ``steps`` steps of the suite's Trainer after ``warmup`` untimed ones, and the
+    startup: seconds from the epoch's start to its first batch (the loader's workers starting and
+    filling their first batches), which a long run pays once and a short timed window can hide
+    or catch."""
     import lightning as L
     from lightning.pytorch.callbacks import ModelCheckpoint
 
@@ -202,9 +270,15 @@ def lightning_seconds(
     )
 
     class Timer(L.Callback):
-        start = end = None
+        epoch = first = start = end = None
+
+        def on_train_epoch_start(self, trainer, pl_module):
+            if self.epoch is None:
+                self.epoch = time.perf_counter()
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+            if self.first is None:
+                self.first = time.perf_counter()
             if trainer.global_step == warmup and self.start is None:
                 synchronize(device)
                 self.start = time.perf_counter()
@@ -224,9 +298,9 @@ def lightning_seconds(
             if isinstance(callback, ModelCheckpoint):
                 callback.save_last = False
         trainer.fit(module, train_dataloaders=loader)
-    if timer.start is None or timer.end is None:
+    if timer.start is None or timer.end is None or timer.epoch is None or timer.first is None:
         raise RuntimeError(f"Lightning trained {trainer.global_step} of {warmup + steps} steps")
-    return timer.end - timer.start
+    return timer.end - timer.start, timer.first - timer.epoch
 
 
 def as_jpeg_photos(image_dir: Path, size: str) -> None:
@@ -325,12 +399,14 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
         "batch": cfg.data.batch_size,
         "precision": precision,
         "num_workers": data.loader["num_workers"],
+        "pin_memory": bool(data.loader.get("pin_memory")),
         "image_cache": bool(cfg.data.image_cache),
     }
     flops = step_flops(module, batches[0], device, precision)
     row["gflops_per_sample"] = flops / cfg.data.batch_size / 1e9
+    print(f"[bench_gpu] {method}: {row['gflops_per_sample']:.2f} GFLOP/sample", flush=True)
     loops = {
-        "bare": lambda: bare_seconds(module, cfg, batches, args.steps, args.warmup, device),
+        "bare": lambda: (bare_seconds(module, cfg, batches, args.steps, args.warmup, device), None),
         "lightning": lambda: lightning_seconds(
             module, cfg, Repeat(batches, args.warmup + args.steps), args.steps, args.warmup, device
         ),
@@ -338,21 +414,31 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
             module, cfg, stage.dataloader(data), args.steps, args.warmup, device
         ),
     }
-    for name, seconds_of in loops.items():
+    for name in args.loops:
+        seconds_of = loops[name]
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        seconds = seconds_of()
+        seconds, startup = seconds_of()
         row[name] = loop_row(seconds / args.steps, cfg.data.batch_size, flops, args.peak)
+        if startup is not None:
+            row[name]["startup_s"] = startup
         if device.type == "cuda":
             row[name]["peak_gib"] = torch.cuda.max_memory_allocated(device) / 2**30
         print(
             f"[bench_gpu] {method} {name}: {row[name]['s_per_step']:.4f} s/step, "
-            f"{row[name]['samples_per_s']:.1f} samples/s",
+            f"{row[name]['samples_per_s']:.1f} samples/s"
+            + (f", {startup:.2f} s to the first batch" if startup is not None else ""),
             flush=True,
         )
-    row["loader/bare"] = row["loader"]["samples_per_s"] / row["bare"]["samples_per_s"]
-    row["lightning/bare"] = row["lightning"]["samples_per_s"] / row["bare"]["samples_per_s"]
-    row["loader/lightning"] = row["loader"]["samples_per_s"] / row["lightning"]["samples_per_s"]
+    if args.profile:
+        row["profile"] = profile_bare(
+            module, cfg, batches, args.profile_steps, device, Path(args.profile) / f"{method}.txt"
+        )
+        print(f"[bench_gpu] {method} profile: {row['profile']}", flush=True)
+    for faster, slower in (("loader", "bare"), ("lightning", "bare"), ("loader", "lightning")):
+        if faster in row and slower in row:
+            ratio = row[faster]["samples_per_s"] / row[slower]["samples_per_s"]
+            row[f"{faster}/{slower}"] = ratio
     return row
 
 
@@ -378,25 +464,27 @@ def table(rows: list[dict], device_name: str, peak: float | None, args) -> str:
     lines = [
         title,
         "",
-        "| method | params M | GFLOP/sample | loop | s/step | samples/s | peak GiB | MFU |",
-        "|---|---|---|---|---|---|---|---|",
+        "| method | params M | GFLOP/sample | loop | s/step | samples/s | startup s | peak GiB | MFU |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for r in rows:
-        for loop in LOOPS:
+        for loop in (loop for loop in LOOPS if loop in r):
             t = r[loop]
             peak_gib = f"{t['peak_gib']:.1f}" if "peak_gib" in t else "-"
             utilisation = "-" if t["mfu"] is None else f"{100 * t['mfu']:.1f} %"
+            startup = f"{t['startup_s']:.2f}" if "startup_s" in t else "-"
             lines.append(
                 f"| {r['method']} | {r['params_M']:.1f} | {r['gflops_per_sample']:.2f} | {loop} "
-                f"| {t['s_per_step']:.4f} | {t['samples_per_s']:.1f} | {peak_gib} | {utilisation} |"
+                f"| {t['s_per_step']:.4f} | {t['samples_per_s']:.1f} | {startup} | {peak_gib} "
+                f"| {utilisation} |"
             )
     lines.append("")
     for r in rows:
+        ratios = ", ".join(f"{key} {value:.2f}" for key, value in r.items() if "/" in key)
         lines.append(
-            f"- {r['method']}: loader/bare {r['loader/bare']:.2f}, lightning/bare "
-            f"{r['lightning/bare']:.2f}, loader/lightning {r['loader/lightning']:.2f} "
-            f"({r['num_workers']} loader workers{', image cache' if r['image_cache'] else ''}, "
-            f"batch {r['batch']}, {r['precision']})"
+            f"- {r['method']}: {ratios or 'no ratios'} ({r['num_workers']} loader workers"
+            f"{', pinned' if r['pin_memory'] else ''}"
+            f"{', image cache' if r['image_cache'] else ''}, batch {r['batch']}, {r['precision']})"
         )
     return "\n".join(lines)
 
@@ -433,6 +521,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--num-train", type=int, default=None, help="world's train images (default: 4096; tiny: 16)"
     )
+    parser.add_argument(
+        "--loops",
+        type=lambda text: text.split(","),
+        default=list(LOOPS),
+        help=f"which of {','.join(LOOPS)} to time (default: all)",
+    )
     parser.add_argument("--cached-batches", type=int, default=4, help="distinct pre-loaded batches")
     parser.add_argument(
         "--peak-tflops",
@@ -445,6 +539,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "--work", default=None, help="where the world is built (default: a temporary folder)"
     )
     parser.add_argument("--json", default=None, help="also write the results here")
+    parser.add_argument(
+        "--profile",
+        default=None,
+        metavar="DIR",
+        help="also profile bare steps with torch.profiler into DIR/<method>.txt",
+    )
+    parser.add_argument("--profile-steps", type=int, default=5, help="steps profiled")
     parser.add_argument("overrides", nargs="*", help="run config key=value overrides")
     args = parser.parse_args(argv)
     small = {
@@ -466,6 +567,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     for key, value in (small if args.tiny else full).items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    unknown = sorted(set(args.loops) - set(LOOPS))
+    if unknown:
+        parser.error(f"--loops: unknown {unknown}; choose from {list(LOOPS)}")
     args.trainer = args.trainer or ("gpu" if args.device.startswith("cuda") else "cpu")
     return args
 

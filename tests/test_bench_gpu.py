@@ -87,3 +87,80 @@ def test_world_images_become_jpeg_photos_of_the_asked_size_once(tmp_path):
     (tmp_path / "a.png").write_bytes(b"changed")
     bench_gpu.as_jpeg_photos(tmp_path, "20x15")  # the marker: not re-encoded
     assert (tmp_path / "a.png").read_bytes() == b"changed"
+
+
+def test_profile_reports_per_step_numbers_it_also_writes_beside_the_operator_tables(tmp_path):
+    import json
+
+    (row,) = bench_gpu.main(
+        [
+            "--tiny",
+            "--methods",
+            "clip",
+            "--work",
+            str(tmp_path),
+            "--profile",
+            str(tmp_path),
+            "--profile-steps",
+            "2",
+            "trainer.progress_refresh_rate=0",
+        ]
+    )
+    summary = row["profile"]
+    text = (tmp_path / "clip.txt").read_text()
+    assert json.loads(text[: text.index("\n\n")]) == summary
+    assert "# by host time" in text and "aten::" in text
+    assert summary["steps"] == 2 and summary["wall_ms_per_step"] > 0
+    # the CPU has no kernels: no device share is claimed
+    assert summary["device_busy"] is None and summary["kernels_per_step"] == 0
+
+
+def test_loops_times_only_the_named_loops_and_gives_only_the_ratios_it_can(tmp_path):
+    (row,) = bench_gpu.main(
+        [
+            "--tiny",
+            "--methods",
+            "clip",
+            "--work",
+            str(tmp_path),
+            "--loops",
+            "bare,loader",
+            "trainer.progress_refresh_rate=0",
+        ]
+    )
+    assert "bare" in row and "loader" in row and "lightning" not in row
+    ratios = sorted(key for key in row if "/" in key)
+    assert ratios == ["loader/bare"]
+
+
+def test_loops_refuses_a_loop_it_does_not_know(capsys):
+    with pytest.raises(SystemExit):
+        bench_gpu.parse_args(["--loops", "bare,warp"])
+    assert "--loops: unknown ['warp']" in capsys.readouterr().err
+
+
+def test_a_slow_first_batch_counts_as_startup_not_as_timed_steps(tmp_path, monkeypatch):
+    import time
+
+    def late_first_batch(self):  # the pre-loaded batches, the first one 0.5 s late
+        for index in range(self.count):
+            if index == 0:
+                time.sleep(0.5)
+            yield self.batches[index % len(self.batches)]
+
+    monkeypatch.setattr(bench_gpu.Repeat, "__iter__", late_first_batch)
+    (row,) = bench_gpu.main(
+        [
+            "--tiny",
+            "--methods",
+            "clip",
+            "--work",
+            str(tmp_path),
+            "--loops",
+            "bare,lightning",
+            "trainer.progress_refresh_rate=0",
+        ]
+    )
+    assert "startup_s" not in row["bare"]  # its batches are already in hand
+    assert row["lightning"]["startup_s"] >= 0.5
+    assert row["lightning"]["s_per_step"] * 2 < 0.5  # two timed tiny steps, without the wait
