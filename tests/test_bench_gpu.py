@@ -164,3 +164,43 @@ def test_a_slow_first_batch_counts_as_startup_not_as_timed_steps(tmp_path, monke
     assert "startup_s" not in row["bare"]  # its batches are already in hand
     assert row["lightning"]["startup_s"] >= 0.5
     assert row["lightning"]["s_per_step"] * 2 < 0.5  # two timed tiny steps, without the wait
+
+
+def test_loader_warms_up_one_batch_per_worker_and_flags_an_epoch_boundary_in_its_window(
+    tmp_path, capsys
+):
+    # 16 images at batch 4: 4 batches an epoch; 2 workers make the warm-up 2, and 2 + 3 steps > 4
+    (row,) = bench_gpu.main(
+        [
+            "--tiny",
+            "--methods",
+            "clip",
+            "--work",
+            str(tmp_path),
+            "--loops",
+            "loader",
+            "--steps",
+            "3",
+            "data.num_workers=2",
+            "trainer.progress_refresh_rate=0",
+        ]
+    )
+    assert row["loader"]["warmup"] == 2
+    assert row["loader"]["epoch_boundary_in_window"] is True
+    assert "clip loader: an epoch boundary falls inside the timed window" in capsys.readouterr().out
+    (row,) = bench_gpu.main(
+        [
+            "--tiny",
+            "--methods",
+            "clip",
+            "--work",
+            str(tmp_path),
+            "--loops",
+            "loader",
+            "--steps",
+            "2",
+            "data.num_workers=0",
+            "trainer.progress_refresh_rate=0",
+        ]
+    )
+    assert row["loader"]["warmup"] == 1 and row["loader"]["epoch_boundary_in_window"] is False
