@@ -243,6 +243,7 @@ def profile_bare(
         "syncs_per_step": syncs / steps,
     }
     sort = "self_device_time_total" if kernels else "self_cpu_time_total"
+    path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
         json.dumps(summary, indent=1)
         + f"\n\n# by device time ({sort})\n"

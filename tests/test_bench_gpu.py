@@ -100,14 +100,14 @@ def test_profile_reports_per_step_numbers_it_also_writes_beside_the_operator_tab
             "--work",
             str(tmp_path),
             "--profile",
-            str(tmp_path),
+            str(tmp_path / "prof"),
             "--profile-steps",
             "2",
             "trainer.progress_refresh_rate=0",
         ]
     )
     summary = row["profile"]
-    text = (tmp_path / "clip.txt").read_text()
+    text = (tmp_path / "prof" / "clip.txt").read_text()  # its folder is made as needed
     assert json.loads(text[: text.index("\n\n")]) == summary
     assert "# by host time" in text and "aten::" in text
     assert summary["steps"] == 2 and summary["wall_ms_per_step"] > 0
