@@ -327,9 +327,17 @@ def _as_jpeg(path: Path, width: int, height: int) -> None:
     photo.save(path, "JPEG", quality=90)
 
 
+def trainer_seconds(
+    module, cfg, loader: Iterable, steps: int, warmup: int, device: torch.device
+) -> tuple[float, dict]:
+    """``lightning_seconds`` with its start-up as ``startup_s``."""
+    seconds, startup = lightning_seconds(module, cfg, loader, steps, warmup, device)
+    return seconds, {"startup_s": startup}
+
+
 def loader_seconds(
     module, cfg, loader, steps: int, warmup: int, device: torch.device
-) -> tuple[float, float, dict]:
+) -> tuple[float, dict]:
     """The trainer fed by the real training loader, timed in steady state: the warm-up is at least
     one batch per worker, so every worker has started and delivered before the clock runs. Also
     says whether an epoch boundary (the workers refilling for the next epoch) falls inside the
@@ -340,9 +348,9 @@ def loader_seconds(
         per_epoch: int | None = len(loader)
     except TypeError:  # an iterable-style loader (streamed shards) has no length
         per_epoch = None
-    seconds, startup = lightning_seconds(module, cfg, loader, steps, warmup, device)
+    seconds, extras = trainer_seconds(module, cfg, loader, steps, warmup, device)
     crosses = per_epoch is not None and warmup + steps > per_epoch
-    return seconds, startup, {"warmup": warmup, "epoch_boundary_in_window": crosses}
+    return seconds, {**extras, "warmup": warmup, "epoch_boundary_in_window": crosses}
 
 
 def run_config(method: str, args, work: Path):
@@ -428,37 +436,22 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
     flops = step_flops(module, batches[0], device, precision)
     row["gflops_per_sample"] = flops / cfg.data.batch_size / 1e9
     print(f"[bench_gpu] {method}: {row['gflops_per_sample']:.2f} GFLOP/sample", flush=True)
-    loops = {
-        "bare": lambda: (
-            bare_seconds(module, cfg, batches, args.steps, args.warmup, device),
-            None,
-            {},
-        ),
-        "lightning": lambda: (
-            *lightning_seconds(
-                module,
-                cfg,
-                Repeat(batches, args.warmup + args.steps),
-                args.steps,
-                args.warmup,
-                device,
-            ),
-            {},
+    loops = {  # each gives (seconds of the timed steps, what else it measured)
+        "bare": lambda: (bare_seconds(module, cfg, batches, args.steps, args.warmup, device), {}),
+        "lightning": lambda: trainer_seconds(
+            module, cfg, Repeat(batches, args.warmup + args.steps), args.steps, args.warmup, device
         ),
         "loader": lambda: loader_seconds(
             module, cfg, stage.dataloader(data), args.steps, args.warmup, device
         ),
     }
     for name in args.loops:
-        seconds_of = loops[name]
         if device.type == "cuda":
             torch.cuda.reset_peak_memory_stats(device)
-        seconds, startup, window = seconds_of()
+        seconds, extras = loops[name]()
         row[name] = loop_row(seconds / args.steps, cfg.data.batch_size, flops, args.peak)
-        row[name].update(window)
-        if startup is not None:
-            row[name]["startup_s"] = startup
-        if window.get("epoch_boundary_in_window"):
+        row[name].update(extras)
+        if extras.get("epoch_boundary_in_window"):
             print(
                 f"[bench_gpu] {method} {name}: an epoch boundary falls inside the timed window "
                 "(raise --num-train or lower --steps): the figure includes a refill",
@@ -469,7 +462,9 @@ def measure(method: str, args, work: Path, device: torch.device) -> dict:
         print(
             f"[bench_gpu] {method} {name}: {row[name]['s_per_step']:.4f} s/step, "
             f"{row[name]['samples_per_s']:.1f} samples/s"
-            + (f", {startup:.2f} s to the first batch" if startup is not None else ""),
+            + (
+                f", {extras['startup_s']:.2f} s to the first batch" if "startup_s" in extras else ""
+            ),
             flush=True,
         )
     if args.profile:
