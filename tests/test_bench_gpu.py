@@ -7,6 +7,22 @@ import torch
 from benchmarks import bench_gpu
 
 
+def tiny_clip(tmp_path, *arguments: str) -> dict:
+    """The one row of a tiny CPU run of clip with these extra command-line arguments."""
+    (row,) = bench_gpu.main(
+        [
+            "--tiny",
+            "--methods",
+            "clip",
+            "--work",
+            str(tmp_path),
+            *arguments,
+            "trainer.progress_refresh_rate=0",
+        ]
+    )
+    return row
+
+
 def test_counted_flops_of_a_linear_layer_are_two_times_in_times_out_times_batch():
     layer = torch.nn.Linear(12, 5, bias=False)
     inputs = torch.randn(7, 12)
@@ -92,20 +108,7 @@ def test_world_images_become_jpeg_photos_of_the_asked_size_once(tmp_path):
 def test_profile_reports_per_step_numbers_it_also_writes_beside_the_operator_tables(tmp_path):
     import json
 
-    (row,) = bench_gpu.main(
-        [
-            "--tiny",
-            "--methods",
-            "clip",
-            "--work",
-            str(tmp_path),
-            "--profile",
-            str(tmp_path / "prof"),
-            "--profile-steps",
-            "2",
-            "trainer.progress_refresh_rate=0",
-        ]
-    )
+    row = tiny_clip(tmp_path, "--profile", str(tmp_path / "prof"), "--profile-steps", "2")
     summary = row["profile"]
     text = (tmp_path / "prof" / "clip.txt").read_text()  # its folder is made as needed
     assert json.loads(text[: text.index("\n\n")]) == summary
@@ -116,18 +119,7 @@ def test_profile_reports_per_step_numbers_it_also_writes_beside_the_operator_tab
 
 
 def test_loops_times_only_the_named_loops_and_gives_only_the_ratios_it_can(tmp_path):
-    (row,) = bench_gpu.main(
-        [
-            "--tiny",
-            "--methods",
-            "clip",
-            "--work",
-            str(tmp_path),
-            "--loops",
-            "bare,loader",
-            "trainer.progress_refresh_rate=0",
-        ]
-    )
+    row = tiny_clip(tmp_path, "--loops", "bare,loader")
     assert "bare" in row and "loader" in row and "lightning" not in row
     ratios = sorted(key for key in row if "/" in key)
     assert ratios == ["loader/bare"]
@@ -149,18 +141,7 @@ def test_a_slow_first_batch_counts_as_startup_not_as_timed_steps(tmp_path, monke
             yield self.batches[index % len(self.batches)]
 
     monkeypatch.setattr(bench_gpu.Repeat, "__iter__", late_first_batch)
-    (row,) = bench_gpu.main(
-        [
-            "--tiny",
-            "--methods",
-            "clip",
-            "--work",
-            str(tmp_path),
-            "--loops",
-            "bare,lightning",
-            "trainer.progress_refresh_rate=0",
-        ]
-    )
+    row = tiny_clip(tmp_path, "--loops", "bare,lightning")
     assert "startup_s" not in row["bare"]  # its batches are already in hand
     assert row["lightning"]["startup_s"] >= 0.5
     assert row["lightning"]["s_per_step"] * 2 < 0.5  # two timed tiny steps, without the wait
@@ -170,37 +151,9 @@ def test_loader_warms_up_one_batch_per_worker_and_flags_an_epoch_boundary_in_its
     tmp_path, capsys
 ):
     # 16 images at batch 4: 4 batches an epoch; 2 workers make the warm-up 2, and 2 + 3 steps > 4
-    (row,) = bench_gpu.main(
-        [
-            "--tiny",
-            "--methods",
-            "clip",
-            "--work",
-            str(tmp_path),
-            "--loops",
-            "loader",
-            "--steps",
-            "3",
-            "data.num_workers=2",
-            "trainer.progress_refresh_rate=0",
-        ]
-    )
+    row = tiny_clip(tmp_path, "--loops", "loader", "--steps", "3", "data.num_workers=2")
     assert row["loader"]["warmup"] == 2
     assert row["loader"]["epoch_boundary_in_window"] is True
     assert "clip loader: an epoch boundary falls inside the timed window" in capsys.readouterr().out
-    (row,) = bench_gpu.main(
-        [
-            "--tiny",
-            "--methods",
-            "clip",
-            "--work",
-            str(tmp_path),
-            "--loops",
-            "loader",
-            "--steps",
-            "2",
-            "data.num_workers=0",
-            "trainer.progress_refresh_rate=0",
-        ]
-    )
+    row = tiny_clip(tmp_path, "--loops", "loader", "--steps", "2", "data.num_workers=0")
     assert row["loader"]["warmup"] == 1 and row["loader"]["epoch_boundary_in_window"] is False
