@@ -561,11 +561,12 @@ class CCRDataModule(L.LightningDataModule):
                 f"train: {dropped} of {len(self.records('train'))} records have no caption in "
                 f"{languages} and are left out"
             )
+        image_root = self.image_root  # hashes the world description on each read: read once
         dataset = TrainDataset(
             records,
             languages,
-            self.image_root,
-            self.images([self.image_root / r.image for r in records]),
+            image_root,
+            self.images([image_root / r.image for r in records]),
             self._labels,
             parallel=self.captions_parallel,
             rois=self._image_rois("train", records),
@@ -624,7 +625,8 @@ class CCRDataModule(L.LightningDataModule):
         if role not in self._views:
             records = self.records(role)
             table = caption_table(records, self.languages)
-            image_paths = [self.image_root / r.image for r in records]
+            image_root = self.image_root
+            image_paths = [image_root / r.image for r in records]
             self._views[role] = EvalView(
                 image_ids=[r.id for r in records],
                 caption_image=table.caption_image,
