@@ -393,8 +393,8 @@ def test_a_pretrained_models_preprocessing_comes_from_the_loader_the_harness_pas
 
 
 def test_loaders_read_the_image_root_once_not_per_record(dm, monkeypatch):
-    """``image_root`` hashes the world's description on every read (40 us; 0.4 s per loader
-    on the 10,000-image default world when read per record): the loaders read it once."""
+    """The loaders name the image folder once, not once per record (per record it cost 4 s per
+    loader on the 10,000-image default world when each read described the world anew)."""
     reads = []
     image_root = CCRDataModule.image_root.fget
     monkeypatch.setattr(

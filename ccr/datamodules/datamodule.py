@@ -561,7 +561,7 @@ class CCRDataModule(L.LightningDataModule):
                 f"train: {dropped} of {len(self.records('train'))} records have no caption in "
                 f"{languages} and are left out"
             )
-        image_root = self.image_root  # hashes the world description on each read: read once
+        image_root = self.image_root
         dataset = TrainDataset(
             records,
             languages,

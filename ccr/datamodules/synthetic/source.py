@@ -6,6 +6,7 @@ handle (``make pretrain``, or a run that names ``world`` and finds them missing)
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -87,8 +88,9 @@ class WorldSource:
         """Generate the world unless it is cached; returns its folder."""
         return build_world(self.root, self.knobs)
 
-    @property
+    @functools.cached_property
     def image_root(self) -> Path:
+        # root and knobs fix the folder; naming it hashes the knobs, so once per source
         return world_dir(self.root, self.knobs) / "images"
 
     def split(self, name: str, clean: bool = False) -> tuple[list[Record], Path]:
