@@ -40,6 +40,7 @@ from functools import partial
 from pathlib import Path
 
 import torch
+from torch.profiler import record_function
 from torch.utils.flop_counter import FlopCounterMode
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
@@ -132,6 +133,36 @@ class NoLogging:
         del self.module.log, self.module.log_dict
 
 
+class PartRanges:
+    """Within it, each forward of the module's direct children (encoders, fusion, heads) is a
+    ``part:<name>`` profiler range, so a profile splits the forward pass by part without the method
+    knowing. A part called several times a step (a text encoder per length bucket) sums."""
+
+    def __init__(self, module):
+        self.module, self.handles = module, []
+
+    def __enter__(self):
+        for name, child in self.module.named_children():
+            ranges: list = []
+
+            def opened(_module, _inputs, name=name, ranges=ranges):
+                ranges.append(record_function(f"part:{name}"))
+                ranges[-1].__enter__()
+
+            def closed(_module, _inputs, _output, ranges=ranges):
+                ranges.pop().__exit__(None, None, None)
+
+            self.handles += [
+                child.register_forward_pre_hook(opened),
+                child.register_forward_hook(closed),
+            ]
+
+    def __exit__(self, *exc):
+        for handle in self.handles:
+            handle.remove()
+        self.handles = []
+
+
 def step_flops(module, batch: dict, device: torch.device, precision: str) -> int:
     """FLOPs of one training step, forward and backward."""
     module.train()
@@ -171,14 +202,16 @@ def bare_step(module, cfg, total_steps: int, device: torch.device) -> Callable[[
     scheduler = LambdaLR(optimizer, schedule)
 
     def step(index: int, batch: dict) -> None:
-        with autocast(device, cfg.trainer.precision):
+        with record_function("step:forward"), autocast(device, cfg.trainer.precision):
             loss = module.training_step(batch, index)
         optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        if cfg.trainer.gradient_clip_val:
-            torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.trainer.gradient_clip_val)
-        optimizer.step()
-        scheduler.step()
+        with record_function("step:backward"):
+            loss.backward()
+        with record_function("step:optimizer"):
+            if cfg.trainer.gradient_clip_val:
+                torch.nn.utils.clip_grad_norm_(module.parameters(), cfg.trainer.gradient_clip_val)
+            optimizer.step()
+            scheduler.step()
 
     return step
 
@@ -210,7 +243,6 @@ def profile_bare(
     device is busy, kernels launched per step and their mean length, and host-device
     synchronisations per step. A busy share far below 1 means the host (launches, syncs, Python)
     starves the chip; near 1 with short kernels means the work itself is too small per kernel."""
-    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
     module.to(device)  # a Lightning loop before this one ends with the module moved to the CPU
@@ -219,7 +251,7 @@ def profile_bare(
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
     module.train()
-    with NoLogging(module):
+    with NoLogging(module), PartRanges(module):
         step(0, batches[0])
         synchronize(device)
         with profile(activities=activities) as profiler:
@@ -229,19 +261,8 @@ def profile_bare(
             synchronize(device)
             wall = time.perf_counter() - start
     averages = profiler.key_averages()
-    kernels = [e for e in averages if e.device_type != DeviceType.CPU]
-    device_us = sum(e.self_device_time_total for e in kernels)
-    launches = sum(e.count for e in kernels)
-    syncs = sum(e.count for e in averages if "Synchronize" in e.key)
-    summary = {
-        "steps": steps,
-        "wall_ms_per_step": 1e3 * wall / steps,
-        "device_ms_per_step": device_us / 1e3 / steps,
-        "device_busy": device_us / 1e6 / wall if kernels else None,
-        "kernels_per_step": launches / steps,
-        "mean_kernel_us": device_us / launches if launches else None,
-        "syncs_per_step": syncs / steps,
-    }
+    summary = profile_summary(averages, steps, wall)
+    kernels = summary["kernels_per_step"] > 0
     sort = "self_device_time_total" if kernels else "self_cpu_time_total"
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(
@@ -252,6 +273,39 @@ def profile_bare(
         + averages.table(sort_by="self_cpu_time_total", row_limit=20, max_name_column_width=70)
     )
     return summary
+
+
+def profile_summary(averages, steps: int, wall: float) -> dict:
+    """Per-step figures from a profile's operator averages (``profile_bare``'s summary).
+
+    Kernels are the device events that are not ranges: a ``record_function`` range (ours, or the
+    optimiser's) shows on the device timeline as a span from its first kernel to its last, which
+    would count its kernels twice and the gaps between them as work. For each ``step:``/``part:``
+    range, ``parts_ms_per_step`` gives the host milliseconds inside it and that device span."""
+    from torch.autograd import DeviceType
+
+    kernels = [e for e in averages if e.device_type != DeviceType.CPU and not e.is_user_annotation]
+    device_us = sum(e.self_device_time_total for e in kernels)
+    launches = sum(e.count for e in kernels)
+    syncs = sum(e.count for e in averages if "Synchronize" in e.key)
+    parts: dict[str, dict[str, float]] = {}
+    for e in averages:
+        if e.key.startswith(("step:", "part:")):
+            on_host = e.device_type == DeviceType.CPU
+            value = (e.cpu_time_total if on_host else e.self_device_time_total) / 1e3 / steps
+            parts.setdefault(e.key, {})["host_ms" if on_host else "device_span_ms"] = round(
+                value, 2
+            )
+    return {
+        "steps": steps,
+        "wall_ms_per_step": 1e3 * wall / steps,
+        "device_ms_per_step": device_us / 1e3 / steps,
+        "device_busy": device_us / 1e6 / wall if kernels else None,
+        "kernels_per_step": launches / steps,
+        "mean_kernel_us": device_us / launches if launches else None,
+        "syncs_per_step": syncs / steps,
+        "parts_ms_per_step": parts,
+    }
 
 
 def lightning_seconds(

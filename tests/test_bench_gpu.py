@@ -118,6 +118,55 @@ def test_profile_reports_per_step_numbers_it_also_writes_beside_the_operator_tab
     assert summary["device_busy"] is None and summary["kernels_per_step"] == 0
 
 
+def test_profile_splits_the_step_into_its_phases_and_the_forward_into_the_modules_parts(tmp_path):
+    row = tiny_clip(tmp_path, "--profile", str(tmp_path / "prof"), "--profile-steps", "2")
+    parts = row["profile"]["parts_ms_per_step"]
+    assert {"step:forward", "step:backward", "step:optimizer"} <= set(parts)
+    # clip's direct children each ran inside the forward, whose host time holds theirs
+    assert {"part:image_encoder", "part:text_encoder"} <= set(parts)
+    inner = parts["part:image_encoder"]["host_ms"] + parts["part:text_encoder"]["host_ms"]
+    assert 0 < inner <= parts["step:forward"]["host_ms"]
+
+
+def test_profile_summary_counts_kernels_not_the_ranges_that_span_them():
+    from types import SimpleNamespace
+
+    from torch.autograd import DeviceType
+
+    def event(key, device_type, *, annotation=False, self_device=0.0, cpu=0.0, count=1):
+        return SimpleNamespace(
+            key=key,
+            device_type=device_type,
+            is_user_annotation=annotation,
+            self_device_time_total=self_device,
+            cpu_time_total=cpu,
+            count=count,
+        )
+
+    averages = [
+        event("step:forward", DeviceType.CPU, annotation=True, cpu=6000.0),
+        # the same range on the device timeline: a 9 ms span around 4 ms of kernels
+        event("step:forward", DeviceType.CUDA, annotation=True, self_device=9000.0),
+        event("Optimizer.step#AdamW.step", DeviceType.CUDA, annotation=True, self_device=5000.0),
+        event("gemm_kernel", DeviceType.CUDA, self_device=3000.0, count=30),
+        event("elementwise_kernel", DeviceType.CUDA, self_device=1000.0, count=10),
+        event("cudaDeviceSynchronize", DeviceType.CPU, cpu=10.0, count=2),
+    ]
+    summary = bench_gpu.profile_summary(averages, steps=2, wall=0.010)
+    assert summary["device_ms_per_step"] == 2.0  # 4 ms of kernels over 2 steps
+    assert summary["kernels_per_step"] == 20 and summary["mean_kernel_us"] == 100.0
+    assert summary["device_busy"] == pytest.approx(0.4)
+    assert summary["syncs_per_step"] == 1
+    assert summary["parts_ms_per_step"] == {"step:forward": {"host_ms": 3.0, "device_span_ms": 4.5}}
+
+
+def test_part_ranges_leave_no_hook_behind():
+    module = torch.nn.Sequential(torch.nn.Linear(3, 3), torch.nn.ReLU())
+    with bench_gpu.PartRanges(module):
+        module(torch.randn(2, 3))
+    assert not any(child._forward_hooks or child._forward_pre_hooks for child in module)
+
+
 def test_loops_times_only_the_named_loops_and_gives_only_the_ratios_it_can(tmp_path):
     row = tiny_clip(tmp_path, "--loops", "bare,loader")
     assert "bare" in row and "loader" in row and "lightning" not in row
